@@ -1,0 +1,204 @@
+"""Checking: every well-formed program that would not compile or not run gets a diagnostic.
+
+The rules here are the contract of the templates: a program this module accepts lowers to
+a translation unit that nvcc compiles without a ``static_assert`` firing and that runs on
+the target GPU. Property tests compile random accepted programs to hold it to that.
+Device limits come from :mod:`l2gen.targets`; nothing here hard-codes a GPU.
+"""
+
+from __future__ import annotations
+
+from .diagnostics import Diagnostic
+from .ir import (
+    BLayout,
+    Decomposition,
+    Family,
+    Mainloop,
+    Program,
+    Scheduler,
+    Sm80Config,
+    Sm90Config,
+    Sm90Epilogue,
+    SplitK,
+)
+from .targets import Gpu
+
+MAX_SPLITS = 64
+MAX_SWIZZLE_LOG2 = 3
+
+# sm80 family (templates/sm80_gemm.cu.j2)
+SM80_TILE_M = (16, 32, 64, 128, 256)
+SM80_TILE_N = (32, 64, 128, 256)
+SM80_TILE_K = (32, 64)
+SM80_WARPS = (1, 2, 4, 8)
+SM80_MAX_THREADS = 256
+SM80_STAGES = range(2, 9)
+SM80_MAX_ACC_PER_THREAD = 128  # fp32 accumulators per thread before registers spill
+
+# sm90 family (templates/sm90_gemm.cu.j2)
+SM90_TILE_M = (64, 128, 256)
+SM90_TILE_N = tuple(range(16, 257, 16))
+SM90_TILE_K = (32, 64, 128)
+SM90_CLUSTER = (1, 2, 4, 8)
+SM90_STAGES = range(2, 9)
+SM90_EPILOGUE_SMEM = 32 * 1024  # reserve for the TMA epilogue's shared storage
+
+
+def sm80_smem_bytes(cfg: Sm80Config) -> int:
+    """Dynamic shared memory of an sm80 kernel: the pipeline, or the epilogue tile if larger."""
+    pipeline = cfg.stages * (cfg.tile.m + cfg.tile.n) * cfg.tile.k * 2
+    epilogue = cfg.tile.m * cfg.tile.n * 2 if cfg.epilogue.value == "smem" else 0
+    return max(pipeline, epilogue)
+
+
+def sm90_smem_bytes(cfg: Sm90Config, stages: int) -> int:
+    """Shared memory of an sm90 kernel with an explicit stage count."""
+    mainloop = stages * (cfg.tile.m + cfg.tile.n) * cfg.tile.k * 2 + stages * 32
+    epilogue = SM90_EPILOGUE_SMEM if cfg.epilogue is Sm90Epilogue.TMA else 0
+    return mainloop + epilogue + 1024
+
+
+class _Checker:
+    def __init__(self, program: Program, gpu: Gpu):
+        self.p = program
+        self.gpu = gpu
+        self.out: list[Diagnostic] = []
+
+    def error(self, decision: str, code: str, message: str) -> None:
+        self.out.append(Diagnostic(code, message, self.p.span_of(decision)))
+
+    def one_of(self, decision: str, what: str, value: int, allowed) -> bool:
+        if value in allowed:
+            return True
+        self.error(decision, "E-RANGE", f"{what} {value} is not one of {_list(allowed)}")
+        return False
+
+    def run(self) -> list[Diagnostic]:
+        p = self.p
+        if p.family not in self.gpu.families():
+            self.error(
+                "arch",
+                "E-ARCH",
+                f"arch {p.family.value} does not run on {self.gpu.name} (sm_{self.gpu.sm})",
+            )
+            return self.out
+        if not p.name.isidentifier():
+            self.error("name", "E-NAME", f"kernel name '{p.name}' is not an identifier")
+        if isinstance(p.config, Sm80Config):
+            self.sm80(p.config)
+        else:
+            self.sm90(p.config)
+        self.knobs()
+        return self.out
+
+    def knobs(self) -> None:
+        k = self.p.knobs
+        if not 0 <= k.swizzle <= MAX_SWIZZLE_LOG2:
+            self.error("swizzle", "E-RANGE", f"swizzle {k.swizzle} is out of range 0..{MAX_SWIZZLE_LOG2} (log2 of the group size)")
+        if not 1 <= k.splits <= MAX_SPLITS:
+            self.error("splits", "E-RANGE", f"splits {k.splits} is out of range 1..{MAX_SPLITS}")
+        cfg = self.p.config
+        if isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.NONE and k.splits != 1:
+            self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'split_k parallel'; this kernel has 'split_k none'")
+        if isinstance(cfg, Sm90Config):
+            if cfg.scheduler is Scheduler.PERSISTENT and k.splits != 1:
+                self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'scheduler stream_k'; the persistent scheduler does not split K")
+            if cfg.scheduler is Scheduler.PERSISTENT and k.decomposition is not Decomposition.HEURISTIC:
+                self.error("decomposition", "E-SCHED", "'decomposition' applies only to 'scheduler stream_k'")
+
+    def sm80(self, c: Sm80Config) -> None:
+        t = c.tile
+        ok = self.one_of("tile", "tile BM", t.m, SM80_TILE_M)
+        ok &= self.one_of("tile", "tile BN", t.n, SM80_TILE_N)
+        ok &= self.one_of("tile", "tile BK", t.k, SM80_TILE_K)
+        wm, wn = c.warps
+        ok &= self.one_of("warps", "warps WM", wm, SM80_WARPS)
+        ok &= self.one_of("warps", "warps WN", wn, SM80_WARPS)
+        if not ok:
+            return
+        if c.threads > SM80_MAX_THREADS:
+            self.error("warps", "E-WARPS", f"warps {wm} x {wn} make {c.threads} threads; the sm80 template takes at most {SM80_MAX_THREADS}")
+            return
+        if t.m % (16 * wm):
+            self.error("warps", "E-ATOM", f"tile BM {t.m} is not a multiple of 16 x WM = {16 * wm} (the mma.sync atom is 16 rows)")
+        if t.n % (16 * wn):
+            self.error("warps", "E-ATOM", f"tile BN {t.n} is not a multiple of 16 x WN = {16 * wn} (ldmatrix.x4 loads 16 columns of B per warp)")
+        for name, rows in (("A", t.m), ("B", t.n)):
+            chunks = rows * t.k // 8  # 16-byte cp.async chunks per stage
+            if chunks % c.threads:
+                self.error("tile", "E-COPY", f"the {name} tile ({rows} x {t.k}) has {chunks} 16-byte chunks, not a multiple of {c.threads} threads")
+        acc = t.m * t.n // c.threads
+        if acc > SM80_MAX_ACC_PER_THREAD:
+            self.error("tile", "E-REGS", f"{acc} fp32 accumulators per thread (tile {t} over {c.threads} threads) exceed the register budget of {SM80_MAX_ACC_PER_THREAD}; add warps or shrink the tile")
+        if c.stages not in SM80_STAGES:
+            self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {SM80_STAGES.start}..{SM80_STAGES.stop - 1}")
+        b, m, s = c.swizzle
+        if (m, s) != (3, 3) or b not in (0, 1, 2, 3):
+            self.error("smem_swizzle", "E-SWIZZLE", f"smem_swizzle {b} {m} {s} is not supported; use B 3 3 with B in 0..3")
+        elif (8 << b) > t.k:
+            self.error("smem_swizzle", "E-SWIZZLE", f"smem_swizzle B={b} swizzles {8 << b}-element rows; tile BK {t.k} is narrower (use B <= {_log2(t.k // 8)})")
+        elif self.p.b_layout is BLayout.KN and (8 << b) > t.n:
+            self.error("smem_swizzle", "E-SWIZZLE", f"smem_swizzle B={b} swizzles {8 << b}-element rows; tile BN {t.n} is narrower")
+        smem = sm80_smem_bytes(c)
+        if smem > self.gpu.smem_per_block:
+            self.error("stages", "E-SMEM", f"{smem} bytes of shared memory ({c.stages} stages of {t}) exceed the {self.gpu.smem_per_block} a block may use on {self.gpu.name}")
+        if not 1 <= c.min_blocks <= 4:
+            self.error("min_blocks", "E-RANGE", f"min_blocks {c.min_blocks} is out of range 1..4")
+        elif c.min_blocks > 1:
+            if smem * c.min_blocks > self.gpu.smem_per_sm:
+                self.error("min_blocks", "E-OCCUPANCY", f"{c.min_blocks} blocks of {smem} bytes of shared memory do not fit the {self.gpu.smem_per_sm} of one SM")
+            regs = self.gpu.regs_per_sm // (c.min_blocks * c.threads)
+            if regs < acc + 64:
+                self.error("min_blocks", "E-REGS", f"min_blocks {c.min_blocks} leaves {regs} registers per thread; {acc} accumulators need about {acc + 64}")
+
+    def sm90(self, c: Sm90Config) -> None:
+        t = c.tile
+        ok = self.one_of("tile", "tile BM", t.m, SM90_TILE_M)
+        ok &= self.one_of("tile", "tile BN", t.n, SM90_TILE_N)
+        ok &= self.one_of("tile", "tile BK", t.k, SM90_TILE_K)
+        cm, cn, ck = c.cluster
+        ok &= self.one_of("cluster", "cluster M", cm, SM90_CLUSTER)
+        ok &= self.one_of("cluster", "cluster N", cn, SM90_CLUSTER)
+        if ck != 1:
+            self.error("cluster", "E-CLUSTER", f"cluster K {ck} must be 1")
+            ok = False
+        if not ok:
+            return
+        if cm * cn > self.gpu.max_cluster:
+            self.error("cluster", "E-CLUSTER", f"cluster {cm} x {cn} has {cm * cn} CTAs; {self.gpu.name} allows at most {self.gpu.max_cluster}")
+        if c.mainloop is Mainloop.COOPERATIVE and t.m % 128:
+            self.error("mainloop", "E-SCHED", f"the cooperative mainloop splits BM over two warpgroups and needs BM a multiple of 128; tile BM is {t.m}")
+        if c.scheduler is Scheduler.STREAM_K and c.mainloop is not Mainloop.COOPERATIVE:
+            self.error("scheduler", "E-SCHED", "the stream-K scheduler needs 'mainloop cooperative'")
+        if self.p.b_layout is BLayout.KN and t.n % 64:
+            self.error("tile", "E-LAYOUT", f"B stored K x N (b kn) is MN-major; its TMA/wgmma tiles need BN a multiple of 64, got {t.n}")
+        acc_regs = t.m * t.n // (256 if c.mainloop is Mainloop.COOPERATIVE else 128)
+        if acc_regs > 128 * (2 if c.mainloop is Mainloop.COOPERATIVE else 1) or acc_regs > 192:
+            self.error("tile", "E-REGS", f"tile {t} needs {acc_regs} fp32 accumulators per thread; at most 192 fit beside the mainloop's registers")
+        stages = c.stages or 2
+        if c.stages and c.stages not in SM90_STAGES:
+            self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {SM90_STAGES.start}..{SM90_STAGES.stop - 1} (or auto)")
+        smem = sm90_smem_bytes(c, stages)
+        if smem > self.gpu.smem_per_block:
+            what = f"{c.stages} stages" if c.stages else "the minimum of 2 stages"
+            self.error("stages", "E-SMEM", f"{smem} bytes of shared memory ({what} of {t}) exceed the {self.gpu.smem_per_block} a block may use on {self.gpu.name}")
+
+
+def _list(values) -> str:
+    values = list(values)
+    if len(values) > 8 and values == list(range(values[0], values[-1] + 1, values[1] - values[0])):
+        return f"{values[0]}, {values[1]}, ..., {values[-1]}"
+    return ", ".join(str(v) for v in values)
+
+
+def _log2(x: int) -> int:
+    return x.bit_length() - 1
+
+
+def check(program: Program, gpu: Gpu) -> list[Diagnostic]:
+    """All diagnostics for a program on a GPU; an empty list means it lowers and runs."""
+    return _Checker(program, gpu).run()
+
+
+def is_valid(program: Program, gpu: Gpu) -> bool:
+    return not any(d.is_error for d in check(program, gpu))

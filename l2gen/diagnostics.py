@@ -1,0 +1,36 @@
+"""Diagnostics: what the parser and checker say about a program, with a location."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir import NOWHERE, Span
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding. ``code`` is stable (tests and tools match on it); errors block lowering."""
+
+    code: str
+    message: str
+    span: Span = NOWHERE
+    severity: str = "error"  # "error" or "warning"
+
+    def __str__(self) -> str:
+        return f"{self.span}: {self.code}: {self.message}"
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+
+class DiagnosticError(Exception):
+    """Raised where a stage cannot go on; carries every diagnostic found so far."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = list(diagnostics)
+        super().__init__("\n".join(str(d) for d in self.diagnostics))
+
+
+def errors(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    return [d for d in diagnostics if d.is_error]

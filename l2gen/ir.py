@@ -1,0 +1,193 @@
+"""The typed IR of an l2gen program: frozen records, one per decision.
+
+A :class:`Program` is what the parser produces and what every later stage consumes.
+Records compare by value and ignore source spans, so ``parse(print(p)) == p`` holds for
+any program ``p``. Compile-time decisions (those that change the binary) live in the
+family configs; run-time knobs (raster order, swizzle, split count, stream-K
+decomposition) live in :class:`Knobs` and are only the *defaults* a launch uses: the
+entry point of a built kernel takes them as arguments.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields, replace
+
+
+@dataclass(frozen=True)
+class Span:
+    """A location in DSL source text (1-based line and column)."""
+
+    file: str = "<string>"
+    line: int = 1
+    col: int = 1
+    end_line: int = 1
+    end_col: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+NOWHERE = Span()
+
+
+def _span_field():
+    return field(default=NOWHERE, compare=False, repr=False, hash=False)
+
+
+class Family(enum.Enum):
+    """Kernel family: which template lowers the program."""
+
+    SM80 = "sm80"  # CuTe mma.sync + cp.async + ldmatrix; runs on sm_80 and newer
+    SM90 = "sm90a"  # CUTLASS 3.x collective builders, wgmma + TMA; sm_90a only
+
+
+class BLayout(enum.Enum):
+    """How operand B is stored. A is always M x K row-major and C M x N row-major."""
+
+    KN = "kn"  # B is K x N row-major: C = A @ B (torch.matmul on row-major tensors)
+    NK = "nk"  # B is N x K row-major: C = A @ W.T (an nn.Linear weight)
+
+
+class Raster(enum.Enum):
+    """Order in which output tiles are assigned to consecutive blocks (run-time knob)."""
+
+    HEURISTIC = "heuristic"
+    ALONG_M = "along_m"
+    ALONG_N = "along_n"
+
+
+class Decomposition(enum.Enum):
+    """Stream-K work decomposition (sm90 stream-K scheduler; run-time knob)."""
+
+    HEURISTIC = "heuristic"
+    DATA_PARALLEL = "data_parallel"
+    SPLIT_K = "split_k"
+    STREAM_K = "stream_k"
+
+
+class SplitK(enum.Enum):
+    """How an sm80 kernel splits K (compile-time; the slice count is a run-time knob)."""
+
+    NONE = "none"  # one block owns a whole output tile
+    PARALLEL = "parallel"  # slices write fp32 partials to a workspace, a second kernel reduces
+
+
+class Sm80Epilogue(enum.Enum):
+    SMEM = "smem"  # stage the tile through shared memory, then 128-bit coalesced stores
+    DIRECT = "direct"  # write accumulators straight from registers
+
+
+class Mainloop(enum.Enum):
+    """sm90 mainloop schedule (CUTLASS KernelTmaWarpSpecialized*)."""
+
+    WS = "ws"
+    PINGPONG = "pingpong"
+    COOPERATIVE = "cooperative"
+
+
+class Sm90Epilogue(enum.Enum):
+    TMA = "tma"  # TMA-store epilogue matching the mainloop's warp specialization
+    DIRECT = "direct"  # no shared memory: registers to global (NoSmemWarpSpecialized)
+
+
+class Scheduler(enum.Enum):
+    """sm90 tile scheduler."""
+
+    PERSISTENT = "persistent"
+    STREAM_K = "stream_k"
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Run-time knobs: defaults for a launch, overridable per call without a recompile.
+
+    ``swizzle`` is the log2 of the block-swizzle group size (0 = no swizzle);
+    ``splits`` is the split-K slice count (sm80 parallel split-K, sm90 stream-K);
+    ``decomposition`` only applies to the sm90 stream-K scheduler.
+    """
+
+    raster: Raster = Raster.HEURISTIC
+    swizzle: int = 0
+    splits: int = 1
+    decomposition: Decomposition = Decomposition.HEURISTIC
+    span: Span = _span_field()
+
+    def as_args(self) -> tuple[int, int, int, int]:
+        """The integers the generated entry point takes, in ABI order."""
+        return (
+            list(Raster).index(self.raster),
+            self.swizzle,
+            self.splits,
+            list(Decomposition).index(self.decomposition),
+        )
+
+
+@dataclass(frozen=True)
+class Tile:
+    m: int
+    n: int
+    k: int
+    span: Span = _span_field()
+
+    def __str__(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+
+@dataclass(frozen=True)
+class Sm80Config:
+    """Compile-time decisions of the sm80 family (our own CuTe kernel template)."""
+
+    tile: Tile
+    warps: tuple[int, int] = (2, 2)  # warp grid over the block tile (M, N)
+    stages: int = 3  # cp.async shared-memory pipeline depth
+    swizzle: tuple[int, int, int] = (3, 3, 3)  # shared-memory Swizzle<B, M, S>
+    epilogue: Sm80Epilogue = Sm80Epilogue.SMEM
+    split_k: SplitK = SplitK.NONE
+    min_blocks: int = 1  # __launch_bounds__ minimum resident blocks per SM
+    spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps[0] * self.warps[1]
+
+
+@dataclass(frozen=True)
+class Sm90Config:
+    """Compile-time decisions of the sm90 family (CUTLASS 3.x collective builders)."""
+
+    tile: Tile
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    mainloop: Mainloop = Mainloop.COOPERATIVE
+    epilogue: Sm90Epilogue = Sm90Epilogue.TMA
+    stages: int = 0  # 0 = auto: as many as fit beside the epilogue's shared memory
+    scheduler: Scheduler = Scheduler.PERSISTENT
+    spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Program:
+    """One kernel: its name, family, operand layout, compile-time config, knob defaults."""
+
+    name: str
+    family: Family
+    b_layout: BLayout
+    config: Sm80Config | Sm90Config
+    knobs: Knobs = Knobs()
+    span: Span = _span_field()
+    spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def span_of(self, decision: str) -> Span:
+        """Where a decision was written (falls back to the kernel header)."""
+        return self.spans.get(decision) or self.config.spans.get(decision) or self.span
+
+    def with_knobs(self, **changes) -> "Program":
+        return replace(self, knobs=replace(self.knobs, **changes))
+
+    def with_config(self, **changes) -> "Program":
+        return replace(self, config=replace(self.config, **changes))
+
+
+def decision_names(cls) -> list[str]:
+    """Names of the decision fields of a config record, in declaration order."""
+    return [f.name for f in fields(cls) if f.name not in ("spans", "span")]

@@ -1,0 +1,290 @@
+"""Parsing: DSL text to a typed :class:`~l2gen.ir.Program`, with source spans.
+
+The grammar (``grammar/l2gen.lark``) decides what is well formed; this module turns the
+tree into records and reports structural problems (a missing ``arch`` or ``tile``, a
+decision given twice, a decision that belongs to the other family) as diagnostics with
+locations. Value ranges and device limits are the checker's business.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import lark
+
+from .diagnostics import Diagnostic, DiagnosticError
+from .ir import (
+    BLayout,
+    Decomposition,
+    Family,
+    Knobs,
+    Mainloop,
+    Program,
+    Raster,
+    Scheduler,
+    SplitK,
+    Sm80Config,
+    Sm80Epilogue,
+    Sm90Config,
+    Sm90Epilogue,
+    Span,
+    Tile,
+)
+
+GRAMMAR_DIR = Path(__file__).resolve().parent / "grammar"
+if not GRAMMAR_DIR.is_dir():  # running from a source checkout
+    GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "grammar"
+GRAMMAR_PATH = GRAMMAR_DIR / "l2gen.lark"
+
+# Decisions each family accepts (beyond arch, b, tile, stages, epilogue and the knobs).
+COMMON = ("arch", "b_layout", "tile", "stages", "epilogue", "raster", "swizzle", "splits")
+ONLY = {
+    Family.SM80: ("warps", "smem_swizzle", "split_k", "min_blocks"),
+    Family.SM90: ("cluster", "mainloop", "scheduler", "decomposition"),
+}
+KEYWORD = {"b_layout": "b"}  # decision name -> the keyword written in the DSL
+
+
+def grammar_text() -> str:
+    """The DSL grammar, as sent to LLM servers for constrained decoding."""
+    return GRAMMAR_PATH.read_text()
+
+
+@lru_cache(maxsize=1)
+def _parser() -> lark.Lark:
+    return lark.Lark(grammar_text(), parser="lalr", propagate_positions=True)
+
+
+def _span(file: str, meta_or_token) -> Span:
+    m = meta_or_token
+    if isinstance(m, lark.Token):
+        return Span(file, m.line, m.column, m.end_line or m.line, m.end_column or m.column)
+    if getattr(m, "empty", False):
+        return Span(file)
+    return Span(file, m.line, m.column, m.end_line, m.end_column)
+
+
+def _end_span(text: str, file: str) -> Span:
+    lines = text.split("\n")
+    return Span(file, len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 1)
+
+
+def _parse_error(exc: lark.exceptions.LarkError, text: str, file: str) -> Diagnostic:
+    if isinstance(exc, lark.exceptions.UnexpectedToken):
+        tok = exc.token
+        expected = sorted(_describe_terminal(t) for t in exc.accepts or exc.expected)
+        if tok.type == "$END":
+            return Diagnostic(
+                "E-PARSE", f"unexpected end of input; expected {', '.join(expected)}", _end_span(text, file)
+            )
+        message = f"unexpected '{tok}'; expected {', '.join(expected)}"
+        if expected == ["end of input"]:
+            message += " (a program holds one kernel)"
+        return Diagnostic(
+            "E-PARSE",
+            message,
+            Span(file, tok.line or 1, tok.column or 1, tok.end_line or 1, tok.end_column or 1),
+        )
+    if isinstance(exc, lark.exceptions.UnexpectedCharacters):
+        allowed = sorted(_describe_terminal(t) for t in exc.allowed or ())
+        text = f"unexpected character '{exc.char}'"
+        if allowed:
+            text += f"; expected {', '.join(allowed)}"
+        return Diagnostic("E-PARSE", text, Span(file, exc.line, exc.column, exc.line, exc.column))
+    if isinstance(exc, lark.exceptions.UnexpectedEOF):
+        return Diagnostic("E-PARSE", "unexpected end of input", _end_span(text, file))
+    return Diagnostic("E-PARSE", str(exc).splitlines()[0], Span(file))
+
+
+def _describe_terminal(name: str) -> str:
+    """A readable spelling of a terminal for error messages ('LBRACE' -> '{')."""
+    if name in _READABLE:
+        return _READABLE[name]
+    try:
+        pattern = _parser().get_terminal(name).pattern
+    except KeyError:
+        return name
+    if isinstance(pattern, lark.lexer.PatternStr):
+        return f"'{pattern.value}'"
+    words = re.fullmatch(r"\(\?:([a-z0-9_|]+)\)", pattern.value)
+    if words:  # an alternation of keywords, e.g. ARCH: "sm80" | "sm90a"
+        return " | ".join(f"'{w}'" for w in sorted(words.group(1).split("|")))
+    return name
+
+
+_READABLE = {
+    "INT": "an integer",
+    "NAME": "a name",
+    "STAGES": "an integer or 'auto'",
+    "$END": "end of input",
+}
+
+
+def default_smem_swizzle(tile: Tile) -> tuple[int, int, int]:
+    """Swizzle<B,3,3> with the widest B whose 8 << B element rows fit in BK (at most 3)."""
+    b = max(0, min(3, (max(tile.k, 8) // 8).bit_length() - 1))
+    return (b, 3, 3)
+
+
+def _words(name: str) -> str:
+    return KEYWORD.get(name, name)
+
+
+class _Builder:
+    """Walks the parse tree and assembles a Program, collecting diagnostics."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.diags: list[Diagnostic] = []
+
+    def build(self, tree: lark.Tree) -> Program | None:
+        kernel = tree.children[0]
+        name_tok = kernel.children[0]
+        header = _span(self.file, name_tok)
+        values: dict[str, tuple[object, Span]] = {}
+        for node in kernel.children[1:]:
+            span = _span(self.file, node.meta)
+            decision = node.data
+            if decision in values:
+                first = values[decision][1]
+                self.diags.append(
+                    Diagnostic(
+                        "E-DUP",
+                        f"'{_words(decision)}' is given twice (first at line {first.line})",
+                        span,
+                    )
+                )
+                continue
+            values[decision] = (self._value(decision, node), span)
+
+        if "arch" not in values:
+            self.diags.append(
+                Diagnostic("E-MISSING", "the kernel needs an 'arch' decision (sm80 or sm90a)", header)
+            )
+        if "tile" not in values:
+            self.diags.append(
+                Diagnostic("E-MISSING", "the kernel needs a 'tile' decision (BM x BN x BK)", header)
+            )
+        if self.diags:
+            return None
+
+        family = values["arch"][0]
+        allowed = set(COMMON) | set(ONLY[family])
+        for decision, (_, span) in values.items():
+            if decision not in allowed:
+                other = next(f for f in Family if decision in ONLY[f])
+                self.diags.append(
+                    Diagnostic(
+                        "E-FAMILY",
+                        f"'{_words(decision)}' is a {other.value} decision; "
+                        f"this kernel is {family.value}",
+                        span,
+                    )
+                )
+        if self.diags:
+            return None
+
+        get = {k: v for k, (v, _) in values.items()}
+        spans = {k: s for k, (_, s) in values.items()}
+        epilogue = get.get("epilogue")
+        if family is Family.SM80:
+            if epilogue == "tma":
+                self.diags.append(
+                    Diagnostic(
+                        "E-VALUE",
+                        "epilogue 'tma' is an sm90a epilogue; sm80 takes 'smem' or 'direct'",
+                        spans["epilogue"],
+                    )
+                )
+                return None
+            if get.get("stages") == "auto":
+                self.diags.append(
+                    Diagnostic("E-VALUE", "sm80 kernels need a stage count, not 'auto'", spans["stages"])
+                )
+                return None
+            cfg_kwargs = dict(
+                tile=get["tile"],
+                warps=get.get("warps", (2, 2)),
+                stages=get.get("stages", 3),
+                swizzle=get.get("smem_swizzle", default_smem_swizzle(get["tile"])),
+                epilogue=Sm80Epilogue(epilogue or "smem"),
+                split_k=SplitK(get.get("split_k", "none")),
+                min_blocks=get.get("min_blocks", 1),
+            )
+            config = Sm80Config(**cfg_kwargs, spans=spans)
+        else:
+            if epilogue == "smem":
+                self.diags.append(
+                    Diagnostic(
+                        "E-VALUE",
+                        "epilogue 'smem' is an sm80 epilogue; sm90a takes 'tma' or 'direct'",
+                        spans["epilogue"],
+                    )
+                )
+                return None
+            stages = get.get("stages", "auto")
+            config = Sm90Config(
+                tile=get["tile"],
+                cluster=get.get("cluster", (1, 1, 1)),
+                mainloop=Mainloop(get.get("mainloop", "cooperative")),
+                epilogue=Sm90Epilogue(epilogue or "tma"),
+                stages=0 if stages == "auto" else stages,
+                scheduler=Scheduler(get.get("scheduler", "persistent")),
+                spans=spans,
+            )
+        knob_span = spans.get("splits") or spans.get("swizzle") or spans.get("raster") or header
+        knobs = Knobs(
+            raster=Raster(get.get("raster", "heuristic")),
+            swizzle=get.get("swizzle", 0),
+            splits=get.get("splits", 1),
+            decomposition=Decomposition(get.get("decomposition", "heuristic")),
+            span=knob_span,
+        )
+        return Program(
+            name=str(name_tok),
+            family=family,
+            b_layout=BLayout(get.get("b_layout", "kn")),
+            config=config,
+            knobs=knobs,
+            span=header,
+            spans=spans,
+        )
+
+    def _value(self, decision: str, node: lark.Tree):
+        toks = [t for t in node.children if isinstance(t, lark.Token)]
+        if decision == "arch":
+            return Family(str(toks[0]))
+        if decision == "tile":
+            m, n, k = (int(t) for t in toks)
+            return Tile(m, n, k, span=_span(self.file, node.meta))
+        if decision in ("warps", "smem_swizzle", "cluster"):
+            return tuple(int(t) for t in toks)
+        if decision == "stages":
+            return "auto" if str(toks[0]) == "auto" else int(toks[0])
+        if decision in ("min_blocks", "swizzle", "splits"):
+            return int(toks[0])
+        return str(toks[0])  # an enum word; converted once the family is known
+
+
+def parse(text: str, file: str = "<string>") -> Program:
+    """Parse one kernel. Raises :class:`DiagnosticError` with located diagnostics."""
+    try:
+        tree = _parser().parse(text)
+    except lark.exceptions.LarkError as exc:
+        raise DiagnosticError([_parse_error(exc, text, file)]) from None
+    builder = _Builder(file)
+    program = builder.build(tree)
+    if program is None:
+        raise DiagnosticError(builder.diags)
+    return program
+
+
+def parse_file(path: str | Path) -> Program:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DiagnosticError([Diagnostic("E-IO", f"cannot read: {exc}", Span(str(path)))]) from None
+    return parse(text, str(path))

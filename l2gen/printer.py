@@ -1,0 +1,49 @@
+"""Printing: a Program to canonical DSL text, every decision spelled out.
+
+``parse(format_program(p)) == p`` for every program; the canonical text is also what the
+build cache, the kernel database and the entry symbol are keyed on.
+"""
+
+from __future__ import annotations
+
+from .ir import Family, Program, Sm80Config, Sm90Config
+
+
+def _lines(program: Program) -> list[tuple[str, str]]:
+    cfg = program.config
+    t = cfg.tile
+    out = [("arch", program.family.value), ("b", program.b_layout.value), ("tile", f"{t.m} x {t.n} x {t.k}")]
+    if isinstance(cfg, Sm80Config):
+        out += [
+            ("warps", f"{cfg.warps[0]} x {cfg.warps[1]}"),
+            ("stages", str(cfg.stages)),
+            ("smem_swizzle", " ".join(str(v) for v in cfg.swizzle)),
+            ("epilogue", cfg.epilogue.value),
+            ("split_k", cfg.split_k.value),
+            ("min_blocks", str(cfg.min_blocks)),
+        ]
+    elif isinstance(cfg, Sm90Config):
+        out += [
+            ("cluster", " x ".join(str(v) for v in cfg.cluster)),
+            ("mainloop", cfg.mainloop.value),
+            ("epilogue", cfg.epilogue.value),
+            ("stages", "auto" if cfg.stages == 0 else str(cfg.stages)),
+            ("scheduler", cfg.scheduler.value),
+        ]
+    kn = program.knobs
+    out += [("raster", kn.raster.value), ("swizzle", str(kn.swizzle)), ("splits", str(kn.splits))]
+    if program.family is Family.SM90:
+        out.append(("decomposition", kn.decomposition.value))
+    return out
+
+
+def format_program(program: Program, comment: str | None = None) -> str:
+    """Canonical text of a program, optionally preceded by a ``#`` comment block."""
+    lines = []
+    if comment:
+        lines += [f"# {c}".rstrip() for c in comment.splitlines()]
+    lines.append(f"kernel {program.name} {{")
+    width = max(len(k) for k, _ in _lines(program))
+    lines += [f"    {k.ljust(width)} {v}" for k, v in _lines(program)]
+    lines.append("}")
+    return "\n".join(lines) + "\n"

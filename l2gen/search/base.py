@@ -1,0 +1,73 @@
+"""Records and the policy interface shared by every part of the search."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from ..ir import Program
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    m: int
+    n: int
+    k: int
+
+    def __str__(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Shape":
+        """Parse 'MxNxK' (the form the CLI takes)."""
+        parts = text.lower().replace("*", "x").split("x")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"shape '{text}' is not of the form MxNxK (e.g. 128x4096x4096)")
+        m, n, k = (int(p) for p in parts)
+        if min(m, n, k) <= 0:
+            raise ValueError(f"shape '{text}' has a non-positive dimension")
+        return cls(m, n, k)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured candidate: a program (with the knobs it ran with) on one shape.
+
+    ``status`` is "ok", "rejected" (checker), "build_error", "run_error", "wrong"
+    (verification failed) or "timeout". ``time_us`` and ``speedup`` are None unless ok.
+    """
+
+    shape: Shape
+    program: Program
+    status: str
+    time_us: float | None = None
+    baseline_us: float | None = None  # cuBLAS-best for the shape, same run
+    relerr: float | None = None
+    error: str | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.status != "ok" or not self.time_us or not self.baseline_us:
+            return None
+        return self.baseline_us / self.time_us
+
+
+@dataclass
+class Proposal:
+    """What a policy hands the search: a program and, optionally, why."""
+
+    program: Program
+    note: str = ""
+    meta: dict = field(default_factory=dict)  # policy-private (e.g. sampled action indices)
+
+
+class Policy(Protocol):
+    """Proposes programs for a shape and learns from measured rewards."""
+
+    name: str
+
+    def propose(
+        self, shape: Shape, history: Sequence[Measurement], n: int
+    ) -> list[Proposal]: ...
+
+    def update(self, shape: Shape, results: Sequence[tuple[Proposal, Measurement]]) -> None: ...

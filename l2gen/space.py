@@ -1,0 +1,154 @@
+"""The decision space: every slot a program fills, with the values worth trying.
+
+Policies (random, embedded, LLM repair) and the property tests draw programs from here.
+A slot is one decision with a finite list of choices; :func:`assemble` turns one choice
+per slot into a :class:`Program`, which the checker then accepts or rejects.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from . import check as rules
+from .check import is_valid
+from .ir import (
+    BLayout,
+    Decomposition,
+    Family,
+    Knobs,
+    Mainloop,
+    Program,
+    Raster,
+    Scheduler,
+    Sm80Config,
+    Sm80Epilogue,
+    Sm90Config,
+    Sm90Epilogue,
+    SplitK,
+    Tile,
+)
+from .targets import Gpu
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    choices: tuple
+    runtime: bool = False  # a run-time knob: changing it needs no rebuild
+
+
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+SLOTS: dict[Family, tuple[Slot, ...]] = {
+    Family.SM80: (
+        Slot("bm", rules.SM80_TILE_M),
+        Slot("bn", rules.SM80_TILE_N),
+        Slot("bk", rules.SM80_TILE_K),
+        Slot("warps", ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1), (2, 4), (4, 2))),
+        Slot("stages", (2, 3, 4, 5, 6)),
+        Slot("smem_swizzle_b", (1, 2, 3)),
+        Slot("epilogue", tuple(Sm80Epilogue)),
+        Slot("split_k", tuple(SplitK)),
+        Slot("min_blocks", (1, 2)),
+        Slot("raster", tuple(Raster), runtime=True),
+        Slot("swizzle", (0, 1, 2, 3), runtime=True),
+        Slot("splits", SPLITS, runtime=True),
+    ),
+    Family.SM90: (
+        Slot("bm", rules.SM90_TILE_M),
+        Slot("bn", (64, 128, 192, 256)),
+        Slot("bk", (32, 64, 128)),
+        Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2))),
+        Slot("mainloop", tuple(Mainloop)),
+        Slot("epilogue", tuple(Sm90Epilogue)),
+        Slot("stages", (0, 3, 4, 5, 6)),
+        Slot("scheduler", tuple(Scheduler)),
+        Slot("raster", tuple(Raster), runtime=True),
+        Slot("swizzle", (0, 1, 2, 3), runtime=True),
+        Slot("splits", SPLITS, runtime=True),
+        Slot("decomposition", tuple(Decomposition), runtime=True),
+    ),
+}
+
+
+def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, name: str | None = None) -> Program:
+    """Build a program from one choice per slot (missing slots take the IR's defaults)."""
+    c = choices
+    tile = Tile(c["bm"], c["bn"], c["bk"])
+    if family is Family.SM80:
+        config = Sm80Config(
+            tile=tile,
+            warps=tuple(c.get("warps", (2, 2))),
+            stages=c.get("stages", 3),
+            swizzle=(c.get("smem_swizzle_b", 3), 3, 3),
+            epilogue=Sm80Epilogue(c.get("epilogue", Sm80Epilogue.SMEM)),
+            split_k=SplitK(c.get("split_k", SplitK.NONE)),
+            min_blocks=c.get("min_blocks", 1),
+        )
+    else:
+        cm, cn = c.get("cluster", (1, 1))
+        config = Sm90Config(
+            tile=tile,
+            cluster=(cm, cn, 1),
+            mainloop=Mainloop(c.get("mainloop", Mainloop.COOPERATIVE)),
+            epilogue=Sm90Epilogue(c.get("epilogue", Sm90Epilogue.TMA)),
+            stages=c.get("stages", 0),
+            scheduler=Scheduler(c.get("scheduler", Scheduler.PERSISTENT)),
+        )
+    knobs = Knobs(
+        raster=Raster(c.get("raster", Raster.HEURISTIC)),
+        swizzle=c.get("swizzle", 0),
+        splits=c.get("splits", 1),
+        decomposition=Decomposition(c.get("decomposition", Decomposition.HEURISTIC))
+        if family is Family.SM90
+        else Decomposition.HEURISTIC,
+    )
+    return Program(name or default_name(family, config), family, b_layout, config, knobs)
+
+
+def default_name(family: Family, config: Sm80Config | Sm90Config) -> str:
+    t = config.tile
+    return f"{family.value}_{t.m}x{t.n}x{t.k}"
+
+
+def choices_of(program: Program) -> dict:
+    """The inverse of :func:`assemble`: one value per slot of the program's family."""
+    c = program.config
+    k = program.knobs
+    out = {"bm": c.tile.m, "bn": c.tile.n, "bk": c.tile.k, "raster": k.raster, "swizzle": k.swizzle, "splits": k.splits}
+    if isinstance(c, Sm80Config):
+        out.update(warps=c.warps, stages=c.stages, smem_swizzle_b=c.swizzle[0], epilogue=c.epilogue, split_k=c.split_k, min_blocks=c.min_blocks)
+    else:
+        out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, stages=c.stages, scheduler=c.scheduler, decomposition=k.decomposition)
+    return out
+
+
+def sanitize(program: Program) -> Program:
+    """Make knob defaults consistent with compile-time choices (splits need a splitter)."""
+    c = program.config
+    if isinstance(c, Sm80Config) and c.split_k is SplitK.NONE and program.knobs.splits != 1:
+        return program.with_knobs(splits=1)
+    if isinstance(c, Sm90Config) and c.scheduler is Scheduler.PERSISTENT:
+        if program.knobs.splits != 1 or program.knobs.decomposition is not Decomposition.HEURISTIC:
+            return program.with_knobs(splits=1, decomposition=Decomposition.HEURISTIC)
+    return program
+
+
+def random_program(rng: random.Random, gpu: Gpu, family: Family | None = None, *, b_layout: BLayout | None = None, tries: int = 10_000) -> Program:
+    """A uniformly drawn *valid* program (rejection sampling over the slots)."""
+    for _ in range(tries):
+        fam = family or rng.choice(gpu.families())
+        choices = {s.name: rng.choice(s.choices) for s in SLOTS[fam]}
+        layout = b_layout or rng.choice(tuple(BLayout))
+        program = sanitize(assemble(fam, choices, b_layout=layout))
+        if is_valid(program, gpu):
+            return program
+    raise RuntimeError(f"no valid {family} program found in {tries} draws")
+
+
+def random_any(rng: random.Random, family: Family | None = None) -> Program:
+    """A program drawn from the slots with no validity filter (for checker tests)."""
+    fam = family or rng.choice(tuple(Family))
+    choices = {s.name: rng.choice(s.choices) for s in SLOTS[fam]}
+    return assemble(fam, choices, b_layout=rng.choice(tuple(BLayout)))
