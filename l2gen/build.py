@@ -1,0 +1,509 @@
+"""Build: KernelSources to shared libraries with nvcc, through a content-addressed cache.
+
+Failures are data: every function here returns a :class:`BuildResult` per source, whose
+``ok`` is False when nvcc failed, timed out or could not be found; none raises for that.
+
+The cache lives in ``$L2GEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/l2gen``, else
+``~/.cache/l2gen``; one entry per translation unit::
+
+    <root>/<key[:2]>/<key>/kernel.cu     the translation unit, kept to reproduce the build
+                           lib.so        the library              (success)
+                           build.json    command, seconds, versions, entries, date
+                           error.log     nvcc's whole output      (failure)
+                           failed.json   as build.json, plus the error
+    <root>/tmp/                          entries being built
+
+The key covers the source's code, gencode and flags, the nvcc and CUTLASS versions and
+:data:`BUILD_VERSION`. An entry is built in a fresh directory under ``tmp/`` and renamed
+into place whole, so a reader sees a complete entry or none, and concurrent builders of one
+key cannot corrupt each other: the first rename wins and an equal later one is dropped.
+Compile errors are cached like successes (``force=True`` retries); a timeout or an nvcc
+killed by a signal leaves only ``kernel.cu`` and ``error.log``, which the next build replaces.
+
+Bundles (:func:`build_bundle`) put several programs into one translation unit, to pay for
+parsing the CUTLASS headers once. Each program's file-scope ``#include`` lines are hoisted
+to the top of the bundle (deduplicated) and the rest is wrapped in ``namespace <entry>_ns``;
+``extern "C"`` entry points keep their C names inside it. So a template must keep its
+``#include`` lines at file scope (outside braces and ``#if`` blocks; a program with an
+``#include`` elsewhere is built on its own), must not define before an ``#include`` a macro
+that header reads, and its code must be valid inside a named namespace.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from hashlib import sha256
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+from .toolchain import Toolchain, ToolchainError, cutlass_include_dirs, detect_toolchain, find_nvcc
+
+if TYPE_CHECKING:
+    from .lower import KernelSource
+
+# Bump when the build itself changes in a way that changes its output (command, layout).
+BUILD_VERSION = "1"
+
+LOG_TAIL_CHARS = 20_000
+ERROR_LINES = 3
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What building one KernelSource gave. ``library`` is None unless the build succeeded."""
+
+    source: KernelSource
+    library: Path | None
+    error: str | None = None  # short: nvcc's first error lines
+    log: str = ""  # the tail of nvcc's output (stdout and stderr)
+    command: str = ""  # `cd DIR && nvcc ...`: reproduces the build from the kept kernel.cu
+    seconds: float = 0.0  # nvcc's wall time (of the whole bundle, for a bundle member)
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.library is not None and self.error is None
+
+
+Progress = Callable[[int, int, BuildResult], None]
+
+
+def cache_dir() -> Path:
+    """The root of the build cache (read from the environment on every call)."""
+    if os.environ.get("L2GEN_CACHE_DIR"):
+        return Path(os.environ["L2GEN_CACHE_DIR"]).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base.absolute() / "l2gen"
+
+
+def cache_key(source: KernelSource, toolchain: Toolchain) -> str:
+    """The cache key of a source: its code and flags, the toolchain and the build version."""
+    return _key(source.key, toolchain)
+
+
+def _key(source_key: str, toolchain: Toolchain) -> str:
+    h = sha256()
+    for part in (source_key, toolchain.nvcc_version, toolchain.cutlass_version, BUILD_VERSION):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def nvcc_command(source: KernelSource, cu: Path | str, library: Path | str) -> str:
+    """The shell command that compiles ``cu`` (the source's code) to ``library``.
+
+    Names plain ``nvcc`` if none is found, so a command can be written out anywhere.
+    """
+    try:
+        nvcc = str(find_nvcc())
+    except ToolchainError:
+        nvcc = "nvcc"
+    return shlex.join(_nvcc_args(nvcc, cutlass_include_dirs(), source, cu, library))
+
+
+def _nvcc_args(nvcc, include_dirs, source, cu="kernel.cu", library="lib.so") -> list[str]:
+    includes = [f"-I{d}" for d in include_dirs]
+    return [str(nvcc), *source.flags, source.gencode, *includes, str(cu), "-o", str(library)]
+
+
+def build(source: KernelSource, *, timeout: float = 600, force: bool = False) -> BuildResult:
+    """Build one source (or fetch it from the cache). ``timeout`` is in seconds."""
+    return build_many([source], jobs=1, timeout=timeout, force=force)[0]
+
+
+def build_many(
+    sources: Iterable[KernelSource],
+    *,
+    jobs: int | None = None,
+    timeout: float = 600,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> list[BuildResult]:
+    """Build sources in parallel, one translation unit each; results in input order.
+
+    Identical sources (same key) build once. ``jobs`` nvcc processes run at a time
+    (default: the number of CPUs). ``progress(done, total, result)`` is called from the
+    calling thread as each distinct source finishes (cache hits first).
+    """
+    return _build_all(list(sources), 1, jobs, timeout, force, True, progress)
+
+
+def build_bundle(
+    sources: Iterable[KernelSource],
+    *,
+    max_size: int | None = None,
+    jobs: int | None = None,
+    timeout: float = 600,
+    force: bool = False,
+    keep_going: bool = True,
+    progress: Progress | None = None,
+) -> list[BuildResult]:
+    """Build sources several to a translation unit; results in input order.
+
+    Sources already in the cache are not rebuilt. The rest are grouped by gencode and
+    flags, and each group is cut into bundles of at most ``max_size`` programs (default:
+    enough bundles to keep ``jobs`` nvcc processes busy, at least two programs in each).
+    A bundle's members share its library. If a bundle fails and ``keep_going`` is set, its
+    members are built one by one so that each error lands on the program that caused it;
+    otherwise they all get the bundle's error. ``timeout`` is per program: a bundle of n
+    gets n times as long. Each member of a built bundle also gets a cache entry of its own
+    (its library a link to the bundle's), so a later :func:`build` of it is a cache hit.
+    """
+    return _build_all(list(sources), max_size, jobs, timeout, force, keep_going, progress)
+
+
+# ---- translation units ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One nvcc invocation: a translation unit and the sources it serves."""
+
+    sources: tuple[KernelSource, ...]
+    code: str
+
+    @classmethod
+    def of(cls, sources: Sequence[KernelSource]) -> "_Unit":
+        code = sources[0].code if len(sources) == 1 else bundle_code(sources)
+        return cls(tuple(sources), code)
+
+    @property
+    def key(self) -> str:
+        """The key a KernelSource with this code would have (its gencode and flags)."""
+        return replace(self.sources[0], code=self.code).key
+
+
+# One token of C++ that matters for finding file-scope #include lines: a preprocessor line
+# (with continuations), a comment, a string or character literal, or a brace.
+_TOKEN = re.compile(
+    r"(?P<pp>^[ \t]*#(?:[^\n\\]|\\.)*)"
+    r"|//[^\n]*|/\*.*?\*/"
+    r"|\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'"
+    r"|(?P<brace>[{}])",
+    re.MULTILINE | re.DOTALL,
+)
+_INCLUDE = re.compile(r"[ \t]*#[ \t]*include\b")
+_IF = re.compile(r"[ \t]*#[ \t]*if")
+_ENDIF = re.compile(r"[ \t]*#[ \t]*endif\b")
+
+
+def split_includes(code: str) -> tuple[list[str], str]:
+    """Split a translation unit into its file-scope ``#include`` lines and the rest.
+
+    Raises ValueError if an ``#include`` sits inside braces or an ``#if`` block, where
+    hoisting it would change what it means.
+    """
+    includes: list[str] = []
+    body: list[str] = []
+    depth = conditional = start = 0
+    for token in _TOKEN.finditer(code):
+        if token["brace"]:
+            depth += 1 if token["brace"] == "{" else -1
+            continue
+        line = token["pp"]
+        if line is None:
+            continue
+        if _IF.match(line):
+            conditional += 1
+        elif _ENDIF.match(line):
+            conditional -= 1
+        elif _INCLUDE.match(line):
+            if depth or conditional:
+                raise ValueError(f"#include not at file scope: {line.strip()}")
+            includes.append(line.strip())
+            body.append(code[start : token.start()])
+            start = token.end() + 1  # and its newline
+    body.append(code[start:])
+    return includes, "".join(body)
+
+
+def bundle_code(sources: Sequence[KernelSource]) -> str:
+    """One translation unit holding every source: hoisted includes, then one namespace per
+    program. Raises ValueError if a source's includes cannot be hoisted."""
+    includes: dict[str, None] = {}
+    bodies = []
+    for source in sources:
+        head, body = split_includes(source.code)
+        includes.update(dict.fromkeys(head))
+        ns = f"{source.entry}_ns"
+        bodies.append(f"namespace {ns} {{\n{body.rstrip()}\n}}  // namespace {ns}\n")
+    banner = "// l2gen bundle: " + " ".join(s.entry for s in sources)
+    return "\n".join([banner, *includes, "", *bodies])
+
+
+def _plan(sources: list[KernelSource], max_size: int | None, jobs: int) -> list[_Unit]:
+    """Cut sources into translation units: singles, or bundles of one gencode and flags."""
+    if max_size == 1:
+        return [_Unit.of([s]) for s in sources]
+    units, groups = [], {}
+    for source in sources:
+        try:
+            split_includes(source.code)
+        except ValueError:
+            units.append(_Unit.of([source]))
+            continue
+        groups.setdefault((source.gencode, source.flags), []).append(source)
+    for members in groups.values():
+        size = max_size or max(2, math.ceil(len(members) / jobs))
+        units += [_Unit.of(members[i : i + size]) for i in range(0, len(members), size)]
+    return units
+
+
+# ---- the build loop -----------------------------------------------------------------------
+
+
+def _build_all(sources, max_size, jobs, timeout, force, keep_going, progress):
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
+    if jobs < 1 or (max_size is not None and max_size < 1):
+        raise ValueError("jobs and max_size must be at least 1")
+    distinct: dict[str, KernelSource] = {}
+    for source in sources:
+        distinct.setdefault(source.key, source)
+    done: dict[str, BuildResult] = {}
+
+    def finish(result: BuildResult, source: KernelSource) -> None:
+        done[source.key] = replace(result, source=source)
+        if progress:
+            progress(len(done), len(distinct), done[source.key])
+
+    try:
+        toolchain = detect_toolchain()
+    except ToolchainError as e:
+        for source in distinct.values():
+            finish(_failure(source, str(e)), source)
+        return [replace(done[s.key], source=s) for s in sources]
+
+    todo = []
+    for source in distinct.values():
+        hit = None if force else _load(_entry_dir(_key(source.key, toolchain)), source)
+        if hit:
+            finish(hit, source)
+        else:
+            todo.append(source)
+
+    live: set[subprocess.Popen] = set()  # this call's nvcc processes, to kill on Ctrl-C
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+
+        def submit(unit: _Unit):
+            seconds = timeout * len(unit.sources)
+            return pool.submit(_compile, unit, toolchain, seconds, force, live)
+
+        running = {submit(unit): unit for unit in _plan(todo, max_size, jobs)}
+        try:
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    unit = running.pop(future)
+                    result = future.result()
+                    if result.ok or len(unit.sources) == 1 or not keep_going:
+                        for source in unit.sources:
+                            finish(result, source)
+                        if result.ok and len(unit.sources) > 1:
+                            _alias_members(unit, result, toolchain, force)
+                    else:  # build the members alone to learn which one fails
+                        singles = [_Unit.of([s]) for s in unit.sources]
+                        running.update({submit(u): u for u in singles})
+        except BaseException:
+            for future in running:
+                future.cancel()
+            for proc in list(live):
+                _kill_group(proc)
+            raise
+    return [replace(done[s.key], source=s) for s in sources]
+
+
+def _entry_dir(key: str) -> Path:
+    return cache_dir() / key[:2] / key
+
+
+def _compile(
+    unit: _Unit, toolchain: Toolchain, timeout: float, force: bool, live: set
+) -> BuildResult:
+    """Run nvcc on one unit and publish the entry; the result names the unit's first source."""
+    source = unit.sources[0]
+    final = _entry_dir(_key(unit.key, toolchain))
+    args = _nvcc_args(toolchain.nvcc, toolchain.include_dirs, source)
+    command = f"cd {shlex.quote(str(final))} && {shlex.join(args)}"
+    try:
+        if not force:  # another builder may have finished it since the caller looked
+            hit = _load(final, source)
+            if hit:
+                return hit
+        (cache_dir() / "tmp").mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=final.name[:16] + ".", dir=cache_dir() / "tmp"))
+    except OSError as e:
+        return _failure(source, f"cannot use the build cache at {cache_dir()}: {e}", command)
+    try:
+        (work / "kernel.cu").write_text(unit.code)
+        start = time.monotonic()
+        status, output, timed_out = _run(args, work, timeout, live)
+        seconds = time.monotonic() - start
+        meta = {
+            "command": command,
+            "seconds": round(seconds, 3),
+            "nvcc": str(toolchain.nvcc),
+            "nvcc_version": toolchain.nvcc_version,
+            "cutlass_version": toolchain.cutlass_version,
+            "entries": [s.entry for s in unit.sources],
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "log": output[-LOG_TAIL_CHARS:],
+        }
+        if status == 0 and (work / "lib.so").is_file():
+            (work / "build.json").write_text(json.dumps(meta, indent=1))
+            if not _publish(work, final, force):
+                return _load(final, source) or _failure(source, "lost the cache entry", command)
+            return BuildResult(source, final / "lib.so", None, meta["log"], command, seconds)
+        if timed_out:
+            error = f"nvcc timed out after {timeout:g} s"
+        elif status == 0:
+            error = "nvcc succeeded but wrote no lib.so"
+        else:
+            error = _first_errors(output) or f"nvcc exited with status {status}"
+        (work / "error.log").write_text(output)
+        if not timed_out and status >= 0:  # deterministic: cache it
+            (work / "failed.json").write_text(json.dumps({**meta, "error": error}, indent=1))
+        (work / "lib.so").unlink(missing_ok=True)
+        _publish(work, final, force)
+        return BuildResult(source, None, error, meta["log"], command, seconds)
+    except OSError as e:
+        return _failure(source, f"build failed: {e}", command)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _failure(source: KernelSource, error: str, command: str = "") -> BuildResult:
+    return BuildResult(source, None, error=error, log=error, command=command)
+
+
+def _run(args: list[str], cwd: Path, timeout: float, live: set) -> tuple[int, str, bool]:
+    """Run a command in its own process group; on timeout, kill the whole group."""
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    live.add(proc)
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        out, _ = proc.communicate()
+    except BaseException:  # e.g. Ctrl-C: leave no nvcc behind
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        live.discard(proc)
+    return proc.returncode, out.decode(errors="replace"), timed_out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+_ERROR = re.compile(r"\berror\b|\bfatal\b", re.IGNORECASE)
+_ERROR_COUNT = re.compile(r"errors? detected in the compilation", re.IGNORECASE)
+
+
+def _first_errors(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines()]
+    errors = [ln for ln in lines if _ERROR.search(ln) and not _ERROR_COUNT.search(ln)]
+    chosen = errors[:ERROR_LINES] or [ln for ln in lines if ln][-ERROR_LINES:]
+    return "\n".join(ln if len(ln) <= 400 else ln[:400] + " ..." for ln in chosen)
+
+
+# ---- cache entries ------------------------------------------------------------------------
+
+
+def _rank(entry: Path) -> int:
+    """2: a built library; 1: a cached failure; 0: nothing usable (absent, partial)."""
+    if (entry / "failed.json").is_file():
+        return 1
+    return 2 if (entry / "lib.so").exists() and (entry / "build.json").is_file() else 0
+
+
+def _load(entry: Path, source: KernelSource) -> BuildResult | None:
+    """The cached result of an entry, or None if it holds no finished build."""
+    rank = _rank(entry)
+    if rank == 0:
+        return None
+    try:
+        meta = json.loads((entry / ("build.json" if rank == 2 else "failed.json")).read_text())
+        library = entry / "lib.so" if rank == 2 else None
+        return BuildResult(
+            source,
+            library,
+            error=meta.get("error"),
+            log=meta.get("log", ""),
+            command=meta["command"],
+            seconds=meta["seconds"],
+            cached=True,
+        )
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _publish(work: Path, final: Path, force: bool) -> bool:
+    """Rename a finished entry into place. An entry already there stays unless ours ranks
+    higher or ``force`` is set. True if ours is now in place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(5):
+        try:
+            os.replace(work, final)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        if not force and _rank(final) >= _rank(work):
+            return False
+        trash = Path(tempfile.mkdtemp(prefix="old.", dir=work.parent))
+        try:
+            os.replace(final, trash)
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(trash, ignore_errors=True)
+        force = False  # whoever publishes from now on built it after us
+    return False
+
+
+def _alias_members(unit: _Unit, result: BuildResult, toolchain: Toolchain, force: bool) -> None:
+    """Give each member of a built bundle an entry whose lib.so links to the bundle's."""
+    meta = json.loads((result.library.parent / "build.json").read_text())
+    meta["bundle"] = result.library.parent.name
+    for source in unit.sources:
+        final = _entry_dir(_key(source.key, toolchain))
+        try:
+            work = Path(tempfile.mkdtemp(prefix=final.name[:16] + ".", dir=cache_dir() / "tmp"))
+            try:
+                (work / "kernel.cu").write_text(source.code)
+                (work / "build.json").write_text(json.dumps(meta, indent=1))
+                final.parent.mkdir(parents=True, exist_ok=True)
+                # tmp/<name> and <key[:2]>/<key> are equally deep: the link resolves in both.
+                os.symlink(os.path.relpath(result.library, final), work / "lib.so")
+                _publish(work, final, force)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        except OSError:
+            pass  # an alias only saves a later rebuild

@@ -1,0 +1,197 @@
+"""The ``l2gen`` command line: check, fmt, compile, build, bench, tune, db.
+
+Exit codes: 0 ok, 1 diagnostics or a failed build/run, 2 usage. Every error names where it
+comes from; no command ends in a Python traceback on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .diagnostics import DiagnosticError
+from .ir import Program
+from .targets import DEFAULT_GPU, GPUS, Gpu, get_gpu
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _eprint(*args) -> None:
+    print(*args, file=sys.stderr)
+
+
+def _load(paths: list[str], gpu: Gpu, *, check_too: bool = True) -> tuple[list[tuple[str, Program]], bool]:
+    """Parse (and check) files; print diagnostics; return the good programs and an ok flag."""
+    from .check import check
+    from .parse import parse_file
+
+    programs, ok = [], True
+    for path in paths:
+        try:
+            program = parse_file(path)
+        except DiagnosticError as exc:
+            for d in exc.diagnostics:
+                _eprint(d)
+            ok = False
+            continue
+        if check_too:
+            diags = check(program, gpu)
+            for d in diags:
+                _eprint(d)
+            if any(d.is_error for d in diags):
+                ok = False
+                continue
+        programs.append((path, program))
+    return programs, ok
+
+
+def cmd_check(args) -> int:
+    programs, ok = _load(args.files, args.gpu)
+    for path, program in programs:
+        if not args.quiet:
+            print(f"{path}: ok ({program.family.value}, {program.config.tile}, {args.gpu.name})")
+    return EXIT_OK if ok else EXIT_FAIL
+
+
+def cmd_fmt(args) -> int:
+    from .printer import format_program
+
+    programs, ok = _load(args.files, args.gpu, check_too=False)
+    for path, program in programs:
+        text = _leading_comment(Path(path).read_text()) + format_program(program)
+        if args.check:
+            if Path(path).read_text() != text:
+                print(f"{path}: would reformat")
+                ok = False
+        elif args.write:
+            Path(path).write_text(text)
+        else:
+            sys.stdout.write(text)
+    return EXIT_OK if ok else EXIT_FAIL
+
+
+def _leading_comment(text: str) -> str:
+    """The comment lines before the kernel, kept when formatting a file."""
+    out = []
+    for line in text.splitlines():
+        if line.strip().startswith("#") or (not line.strip() and out):
+            out.append(line.rstrip())
+        elif line.strip():
+            break
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out) + "\n" if out else ""
+
+
+def cmd_compile(args) -> int:
+    from .build import nvcc_command
+    from .lower import lower
+
+    programs, ok = _load(args.files, args.gpu)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    for path, program in programs:
+        source = lower(program, args.gpu)
+        cu = out / f"{Path(path).stem}.cu"
+        cu.write_text(source.code)
+        command = nvcc_command(source, cu, cu.with_suffix(".so"))
+        (out / f"{Path(path).stem}.nvcc.sh").write_text("#!/bin/sh\n" + command + "\n")
+        print(f"{cu}  (entry {source.entry})")
+        if args.verbose:
+            print(f"  {command}")
+    return EXIT_OK if ok else EXIT_FAIL
+
+
+def cmd_build(args) -> int:
+    from .build import build_many
+    from .lower import lower
+
+    programs, ok = _load(args.files, args.gpu)
+    sources = [lower(p, args.gpu) for _, p in programs]
+
+    def progress(done, total, result):
+        state = "cached" if result.cached else ("ok" if result.ok else "FAILED")
+        _eprint(f"[{done}/{total}] {result.source.program.name}: {state} ({result.seconds:.1f} s)")
+
+    results = build_many(sources, jobs=args.jobs, timeout=args.timeout, progress=progress, force=args.force)
+    for (path, _), result in zip(programs, results):
+        if result.ok:
+            print(f"{path}: {result.library}")
+        else:
+            ok = False
+            _eprint(f"{path}: build failed: {result.error}")
+            _eprint(result.log[-3000:])
+            _eprint(f"reproduce with:\n  {result.command}")
+    return EXIT_OK if ok else EXIT_FAIL
+
+
+def _gpu(name: str) -> Gpu:
+    try:
+        return get_gpu(name)
+    except DiagnosticError as exc:
+        raise argparse.ArgumentTypeError(str(exc.diagnostics[0].message)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="l2gen", description=__doc__.splitlines()[0])
+    parser.add_argument("--gpu", type=_gpu, default=GPUS[DEFAULT_GPU], help=f"target GPU ({', '.join(GPUS)}; default {DEFAULT_GPU})")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("check", help="parse and check programs against the target GPU")
+    p.add_argument("files", nargs="+")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("fmt", help="print programs in canonical form")
+    p.add_argument("files", nargs="+")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-w", "--write", action="store_true", help="rewrite the files in place")
+    g.add_argument("--check", action="store_true", help="exit 1 if a file is not canonical")
+    p.set_defaults(func=cmd_fmt)
+
+    p = sub.add_parser("compile", help="lower programs to .cu files and the nvcc command")
+    p.add_argument("files", nargs="+")
+    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("build", help="compile programs to shared libraries (cached)")
+    p.add_argument("files", nargs="+")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs (default: cores)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per nvcc run")
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.set_defaults(func=cmd_build)
+
+    _add_late_commands(sub)
+    return parser
+
+
+def _add_late_commands(sub) -> None:
+    """bench, tune and db live in their own modules; import them only when used."""
+    from . import cli_run
+
+    cli_run.add_commands(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    try:
+        return args.func(args)
+    except DiagnosticError as exc:
+        for d in exc.diagnostics:
+            _eprint(d)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        _eprint("interrupted")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Lowering: a checked program and a target GPU to CUDA C++ source (a KernelSource).
+
+Templates live in ``templates/`` as files and are rendered with ``StrictUndefined``, so a
+variable the template uses but lowering forgot is an error, not an empty string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from .check import check
+from .diagnostics import DiagnosticError, errors
+from .ir import Family, Program
+from .printer import format_program
+from .targets import Gpu
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+if not TEMPLATE_DIR.is_dir():  # running from a source checkout
+    TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+TEMPLATE_OF = {Family.SM80: "sm80_gemm.cu.j2", Family.SM90: "sm90_gemm.cu.j2"}
+
+# Flags every build gets. -DNDEBUG matters on sm90: CUTLASS's asserts make ptxas serialize
+# the wgmma pipeline (warning C7510) and slow the kernel down.
+BASE_FLAGS = (
+    "-std=c++17",
+    "-O3",
+    "-DNDEBUG",
+    "--expt-relaxed-constexpr",
+    "-Xcompiler=-fPIC",
+    "-shared",
+)
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """The output of lowering: everything the build needs, and nothing else."""
+
+    program: Program
+    gpu: str
+    entry: str  # exported symbol; E_workspace and E_program are exported beside it
+    code: str  # the whole .cu translation unit
+    gencode: str  # nvcc -gencode flag
+    flags: tuple[str, ...] = BASE_FLAGS
+
+    @property
+    def key(self) -> str:
+        """Content hash of the source and flags (the build cache adds the toolchain)."""
+        h = hashlib.sha256()
+        for part in (self.code, self.gencode, *self.flags):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def entry_name(program: Program, gpu: Gpu) -> str:
+    """A symbol unique to the program's canonical text and target."""
+    digest = hashlib.sha256(f"{gpu.name}\n{format_program(program)}".encode()).hexdigest()
+    return f"l2gen_{program.family.value}_{digest[:12]}"
+
+
+def _c_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def template_context(program: Program, gpu: Gpu) -> dict:
+    """The variables a family template sees (documented at the top of each template)."""
+    text = format_program(program)
+    cfg = program.config
+    ctx = {
+        "entry": entry_name(program, gpu),
+        "program_comment": "\n".join("// " + line for line in text.rstrip().splitlines()),
+        "program_literal": _c_string(text),
+        "b_layout": program.b_layout.value,
+        "bm": cfg.tile.m,
+        "bn": cfg.tile.n,
+        "bk": cfg.tile.k,
+        "epilogue": cfg.epilogue.value,
+        "stages": cfg.stages,
+    }
+    if program.family is Family.SM80:
+        ctx.update(
+            wm=cfg.warps[0],
+            wn=cfg.warps[1],
+            threads=cfg.threads,
+            swz_b=cfg.swizzle[0],
+            swz_m=cfg.swizzle[1],
+            swz_s=cfg.swizzle[2],
+            split_k=cfg.split_k.value,
+            min_blocks=cfg.min_blocks,
+        )
+    else:
+        ctx.update(
+            cm=cfg.cluster[0],
+            cn=cfg.cluster[1],
+            ck=cfg.cluster[2],
+            mainloop=cfg.mainloop.value,
+            scheduler=cfg.scheduler.value,
+        )
+    return ctx
+
+
+def lower(program: Program, gpu: Gpu) -> KernelSource:
+    """Render a program for a GPU. Raises DiagnosticError if the checker rejects it."""
+    problems = errors(check(program, gpu))
+    if problems:
+        raise DiagnosticError(problems)
+    ctx = template_context(program, gpu)
+    code = _environment().get_template(TEMPLATE_OF[program.family]).render(**ctx)
+    return KernelSource(
+        program=program,
+        gpu=gpu.name,
+        entry=ctx["entry"],
+        code=code,
+        gencode=gpu.gencode(program.family),
+    )
