@@ -1,0 +1,379 @@
+"""Bench: programs x shapes against the cuBLAS baselines, into a results file and a table.
+
+For each shape one worker task verifies, then times interleaved, the baselines and every
+program that serves the shape (one whose B layout is the bench's, "kn" for ``C = A @ B``):
+the ratio of a program to the baselines comes from one process and one stretch of time.
+A program that is rejected, fails to build, crashes, hangs, computes a wrong answer or
+escapes the timed stream gets a row with its status and error and no time.
+
+The results file (JSON)::
+
+    {"gpu": target name, "device": the CUDA device's name (null if none ran),
+     "date": ISO 8601 UTC, "commit": git sha of the l2gen checkout or null,
+     "nvcc": version or null, "reps": timed runs per median, "seeds": input sets verified,
+     "rows": [{"m", "n", "k", "program", "program_text", "l2gen_us", "relerr", "status",
+               "error", "tflops", "floor_pct", "baselines": {"torch_matmul_us",
+               "cublas_us", "cublas_tt_us", "cublaslt_heuristic_us",
+               "cublaslt_autotuned_us"}, "cublas_best_us", "speedup_vs_best"}],
+     "shapes": [{"m", "n", "k", "best_program", "l2gen_us", "baselines",
+                 "baseline_errors", "cublas_best_us", "speedup_vs_best"}]}
+
+``rows`` has one row per (program, shape); ``shapes`` is the per-shape summary: the fastest
+program that passed (null when none did) against cuBLAS-best. Times are medians in µs;
+``floor_pct`` is ``100 * Gpu.floor_us / l2gen_us``; ``speedup_vs_best`` is
+``cublas_best_us / l2gen_us``; a baseline time is null where it was unavailable or failed
+(``baseline_errors`` says why). ``cublas_tt`` is cublasGemmEx with both operands transposed
+(C written column-major), ``cublas`` the usual row-major swap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .baselines import BASELINES, ShimError, build_shim, cublas_best, result_key
+from .ir import Program
+from .printer import format_program
+from .search.base import Shape
+from .targets import Gpu
+from .worker import Worker, knobs_to_dict, measure
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# ---- the run --------------------------------------------------------------------------
+
+
+def task_timeout(shape: Shape, gpu: Gpu, runners: int) -> float:
+    """Seconds a shape's task may take: setup, plus per runner about 70 runs (verify,
+    warm-up, timed, escape batch) of a kernel up to 50x slower than the floor, plus
+    building the inputs and the reference."""
+    per_run = 50 * gpu.floor_us(shape.m, shape.n, shape.k) / 1e6
+    return 120.0 + runners * (20.0 + 100 * per_run)
+
+
+def bench(
+    programs: Sequence[Program],
+    shapes: Sequence[Shape],
+    gpu: Gpu,
+    *,
+    out_json: Path | str,
+    plot_png: Path | str | None = None,
+    reps: int = 50,
+    seeds: int = 3,
+    progress: Progress | None = stderr_progress,
+    baselines: Sequence[str] = BASELINES,
+    b_layout: str = "kn",
+    jobs: int | None = None,
+    build_timeout: float = 600,
+    worker: Worker | None = None,
+) -> dict:
+    """Lower, build and measure ``programs`` on ``shapes``; write ``out_json`` (after every
+    shape, so an interrupted run keeps what it measured) and print the table to stdout.
+    Returns the results (the file's content)."""
+    from .build import build_many
+    from .diagnostics import DiagnosticError
+    from .lower import lower
+
+    say = progress or (lambda line: None)
+    out_json = Path(out_json)
+    names = [p.name for p in programs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"program names must be unique in a bench (repeated: {', '.join(dup)})")
+    texts = {p.name: format_program(p) for p in programs}
+    # Lower and build: a program that fails either gets rows with its error for every shape.
+    fails: dict[str, tuple[str, str]] = {}
+    sources = {}
+    for p in programs:
+        try:
+            sources[p.name] = lower(p, gpu)
+        except DiagnosticError as e:
+            fails[p.name] = ("rejected", str(e))
+        except Exception as e:  # a template error: a bug, but still a row, not a crash
+            fails[p.name] = ("build_error", f"lowering failed: {type(e).__name__}: {e}")
+    say(f"[bench] building {len(sources)} program(s) for {gpu.name}")
+
+    def on_build(done, total, r):
+        state = "cached" if r.cached else ("ok" if r.ok else "FAILED")
+        say(f"[build] {done}/{total} {r.source.program.name}: {state} ({r.seconds:.0f} s)")
+
+    built = {}
+    for r in build_many(list(sources.values()), jobs=jobs, timeout=build_timeout,
+                        progress=on_build):
+        name = r.source.program.name
+        if r.ok:
+            built[name] = r
+        else:
+            fails[name] = ("build_error", f"{r.error}\n{r.command}".strip())
+
+    wanted = list(baselines)
+    shim, shim_error = None, None
+    if any(b.startswith("cublas") for b in wanted):
+        try:
+            shim = str(build_shim(timeout=build_timeout))
+        except ShimError as e:
+            shim_error = str(e)
+            say(f"[bench] cuBLAS baselines unavailable: {shim_error.splitlines()[0]}")
+            wanted = [b for b in wanted if not b.startswith("cublas")]
+    serving = [p for p in programs if p.b_layout.value == b_layout]
+    for p in programs:
+        if p.b_layout.value != b_layout:
+            say(f"[bench] {p.name}: B layout {p.b_layout.value} does not serve this bench "
+                f"({b_layout}); skipped")
+
+    results = {
+        "gpu": gpu.name, "device": None, "date": datetime.now(timezone.utc).isoformat(
+            timespec="seconds"), "commit": git_commit(), "nvcc": nvcc_version(),
+        "reps": reps, "seeds": seeds, "rows": [], "shapes": [],
+    }
+    own_worker = worker is None
+    worker = worker or Worker()
+    try:
+        for i, shape in enumerate(shapes, 1):
+            candidates = [
+                {"name": p.name, "library": str(built[p.name].library),
+                 "entry": built[p.name].source.entry, "program_text": texts[p.name],
+                 "knobs": knobs_to_dict(p.knobs)}
+                for p in serving if p.name in built
+            ]
+            say(f"[bench] {i}/{len(shapes)} {shape}: {len(candidates)} program(s), "
+                f"{len(wanted)} baseline(s)")
+            task = {"kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k,
+                    "b_layout": b_layout, "candidates": candidates, "baselines": wanted,
+                    "shim": shim, "seeds": seeds, "reps": reps}
+            outcome = measure(worker, task, task_timeout(shape, gpu, len(candidates) + len(wanted)))
+            if outcome.get("device"):
+                results["device"] = outcome["device"].get("name")
+            base = dict(outcome.get("baselines", {}))
+            if shim_error:
+                for b in baselines:
+                    if b.startswith("cublas"):
+                        base[b] = {"status": "unavailable", "time_us": None, "error": shim_error}
+            by_name = {c["name"]: c for c in outcome.get("candidates", [])}
+            rows = []
+            for p in serving:
+                if p.name in fails:
+                    status, error = fails[p.name]
+                    cand = {"status": status, "error": error, "time_us": None, "relerr": None}
+                else:
+                    cand = by_name.get(p.name) or {"status": outcome.get("status", "run_error"),
+                                                   "error": outcome.get("error"),
+                                                   "time_us": None, "relerr": None}
+                rows.append(make_row(shape, p.name, texts[p.name], cand,
+                                     cand.get("baselines", base), gpu, baselines))
+                say(f"[bench]   {p.name}: {_row_brief(rows[-1])}")
+            results["rows"] += rows
+            results["shapes"].append(shape_summary(shape, rows, base, baselines))
+            write_results(results, out_json)
+    finally:
+        if own_worker:
+            worker.close()
+    write_results(results, out_json)
+    print(format_table(results))
+    if plot_png:
+        if plot_speedups(results, plot_png):
+            say(f"[bench] plot written to {plot_png}")
+        else:
+            say("[bench] matplotlib is not installed: no plot (pip install 'l2gen[plot]')")
+    return results
+
+
+# ---- rows -----------------------------------------------------------------------------
+
+
+def _finite(x) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def make_row(shape: Shape, program: str, text: str, cand: dict, base: dict, gpu: Gpu,
+             names: Sequence[str] = BASELINES) -> dict:
+    """One results row from a candidate's result and its baselines' results."""
+    times = {result_key(n): (_finite(base[n].get("time_us"))
+                             if n in base and base[n].get("status") == "ok" else None)
+             for n in names}
+    best = cublas_best(times)
+    status = cand.get("status", "run_error")
+    t = _finite(cand.get("time_us")) if status == "ok" else None
+    flops = 2.0 * shape.m * shape.n * shape.k
+    return {
+        "m": shape.m, "n": shape.n, "k": shape.k,
+        "program": program, "program_text": text,
+        "l2gen_us": t,
+        "relerr": _finite(cand.get("relerr")),
+        "status": status,
+        "error": None if status == "ok" else cand.get("error"),
+        "tflops": flops / (t * 1e6) if t else None,
+        "floor_pct": 100.0 * gpu.floor_us(shape.m, shape.n, shape.k) / t if t else None,
+        "baselines": times,
+        "cublas_best_us": best,
+        "speedup_vs_best": best / t if t and best else None,
+    }
+
+
+def shape_summary(shape: Shape, rows: Sequence[dict], base: dict,
+                  names: Sequence[str] = BASELINES) -> dict:
+    """The fastest passing program of a shape against cuBLAS-best."""
+    ok = [r for r in rows if r["l2gen_us"] is not None]
+    best_row = min(ok, key=lambda r: r["l2gen_us"]) if ok else None
+    times = {result_key(n): (_finite(base[n].get("time_us"))
+                             if n in base and base[n].get("status") == "ok" else None)
+             for n in names}
+    best = cublas_best(times)
+    t = best_row["l2gen_us"] if best_row else None
+    return {
+        "m": shape.m, "n": shape.n, "k": shape.k,
+        "best_program": best_row["program"] if best_row else None,
+        "l2gen_us": t,
+        "baselines": times,
+        "baseline_errors": {n: base[n].get("error") for n in names
+                            if n in base and base[n].get("status") != "ok"},
+        "cublas_best_us": best,
+        "speedup_vs_best": best / t if t and best else None,
+    }
+
+
+def _row_brief(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {(row['error'] or '').splitlines()[0] if row['error'] else ''}"
+    s = row["speedup_vs_best"]
+    return f"{row['l2gen_us']:.2f} us" + (f", {s:.2f}x cuBLAS-best" if s else "")
+
+
+def write_results(results: dict, path: Path | str) -> None:
+    """Write strict JSON (no NaN/Infinity) atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(results, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def git_commit() -> str | None:
+    """The sha of the checkout l2gen runs from, or None (not a checkout, no git)."""
+    try:
+        run = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = run.stdout.strip()
+    return sha if run.returncode == 0 and sha else None
+
+
+def nvcc_version() -> str | None:
+    from .toolchain import ToolchainError, find_nvcc
+    from .toolchain import nvcc_version as version
+
+    try:
+        return version(find_nvcc())
+    except ToolchainError:
+        return None
+
+
+# ---- the table and the plot -----------------------------------------------------------
+
+_SHORT = {"torch_matmul": "torch", "cublas": "cublas", "cublas_tt": "cublasTT",
+          "cublaslt_heuristic": "lt", "cublaslt_autotuned": "lt_auto"}
+
+
+def _fmt(x, spec: str, missing: str = "-") -> str:
+    return missing if x is None else format(x, spec)
+
+
+def format_table(results: dict) -> str:
+    """The terminal table: a row per (shape, program) with time, TFLOP/s, % of the floor,
+    speedup over each baseline and over cuBLAS-best, relerr; then the baselines' times."""
+    names = _baseline_names(results)
+    head = ["shape", "program", "status", "us", "TFLOP/s", "floor%"]
+    head += [f"x{_SHORT.get(n, n)}" for n in names] + ["xbest", "relerr"]
+    body = []
+    for r in results["rows"]:
+        shape = f"{r['m']}x{r['n']}x{r['k']}"
+        t = r["l2gen_us"]
+        line = [shape, r["program"], r["status"], _fmt(t, ".2f"), _fmt(r["tflops"], ".1f"),
+                _fmt(r["floor_pct"], ".1f")]
+        for n in names:
+            b = r["baselines"].get(result_key(n))
+            line.append(_fmt(b / t if b and t else None, ".2f"))
+        line += [_fmt(r["speedup_vs_best"], ".2f"), _fmt(r["relerr"], ".1e")]
+        body.append(line)
+    out = [_columns(head, body, {0, 1, 2})]
+    failures = [r for r in results["rows"] if r["status"] != "ok" and r.get("error")]
+    for r in failures:
+        first = r["error"].strip().splitlines()[0] if r["error"].strip() else ""
+        out.append(f"  {r['m']}x{r['n']}x{r['k']} {r['program']}: {r['status']}: {first}")
+    if results.get("shapes"):
+        bhead = ["shape"] + [f"{_SHORT.get(n, n)} us" for n in names] + ["best us", "best program", "xbest"]
+        brows = []
+        for s in results["shapes"]:
+            line = [f"{s['m']}x{s['n']}x{s['k']}"]
+            line += [_fmt(s["baselines"].get(result_key(n)), ".2f") for n in names]
+            line += [_fmt(s["cublas_best_us"], ".2f"), s["best_program"] or "-",
+                     _fmt(s["speedup_vs_best"], ".2f")]
+            brows.append(line)
+        out += ["", _columns(bhead, brows, {0, len(bhead) - 2})]
+    return "\n".join(out)
+
+
+def _baseline_names(results: dict) -> list[str]:
+    seen = []
+    for r in results.get("rows", []) + results.get("shapes", []):
+        for key in r["baselines"]:
+            name = key[:-3] if key.endswith("_us") else key
+            if name not in seen:
+                seen.append(name)
+    return seen or list(BASELINES)
+
+
+def _columns(head: list[str], rows: list[list[str]], left: set[int]) -> str:
+    """Aligned columns: those in ``left`` (text) to the left, numbers to the right."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def plot_speedups(results: dict, path: Path | str) -> bool:
+    """A bar per shape: the best program's speedup over cuBLAS-best (1.0 marked).
+    Returns False, writing nothing, when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    shapes = results.get("shapes", [])
+    labels = [f"{s['m']}x{s['n']}x{s['k']}" for s in shapes]
+    values = [s["speedup_vs_best"] or 0.0 for s in shapes]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(shapes) + 2), 4.5))
+    colors = ["tab:green" if v >= 1 else ("tab:red" if v == 0 else "tab:orange") for v in values]
+    ax.bar(range(len(values)), values, color=colors)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(values)), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("speedup over cuBLAS-best")
+    ax.set_title(f"l2gen on {results.get('device') or results.get('gpu')} "
+                 f"(best program per shape; 0 = none passed)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

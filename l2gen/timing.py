@@ -1,0 +1,222 @@
+"""Timing: statistics and the rules that keep a measured time honest, plus the device loop.
+
+The statistics (:func:`median`, :func:`spread`, :func:`escaped`, :func:`reproducible`,
+:class:`TimingSample`) are pure and need no GPU. :func:`time_interleaved` is the device
+side: every timed run is preceded by an L2 flush on the timed stream, is bracketed by CUDA
+events on that same stream, and the runners (candidate and baselines) take turns in one
+process, round-robin, so drifting clocks and neighbours hit them all alike.
+
+The escape check. A kernel that does its work on another stream (or thread) leaves the
+timed stream nearly empty: its event time is tiny. Launching it ``n`` times back to back
+and waiting with a *device-wide* synchronize shows the real cost: that wall time divided by
+``n`` is at least the device work per call. Event time below :data:`ESCAPE_RATIO` times
+that wall time per call means the events did not see the work. The wall time of a short
+kernel is bounded below by the host's launch overhead, which events rightly do not see; so
+the check only judges a batch that was device-bound, i.e. whose wall time exceeds the time
+the host took to enqueue it by :data:`HOST_BOUND_RATIO`. (The batch runs with a warm L2 and
+no flushes, so an honest kernel is no slower in it than in its event-timed runs.)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+MIN_REPS = 30  # the median is taken over at least this many timed runs
+ESCAPE_RATIO = 0.5  # event median below this fraction of the wall time per call: escaped
+HOST_BOUND_RATIO = 1.5  # wall must exceed host enqueue time by this to judge escape at all
+REPRO_TOLERANCE = 0.03  # two measurements of one thing agree when within 3 %
+FLUSH_BYTES = 256 * 2**20  # at least twice the L2 of any target (H200: 50 MB)
+WALL_BATCH_US = 20_000.0  # aim the back-to-back batch at about this much device time
+WALL_CALLS = (10, 200)  # and keep its length within these bounds
+
+
+# ---- statistics -----------------------------------------------------------------------
+
+
+def median(xs: Sequence[float]) -> float:
+    if not xs:
+        raise ValueError("median of no values")
+    s = sorted(xs)
+    mid = len(s) // 2
+    return float(s[mid]) if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default method), ``0 <= q <= 1``."""
+    if not xs:
+        raise ValueError("quantile of no values")
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def spread(xs: Sequence[float]) -> float:
+    """Interquartile range relative to the median (0 for a constant sample)."""
+    mid = median(xs)
+    iqr = quantile(xs, 0.75) - quantile(xs, 0.25)
+    return iqr / mid if mid else (0.0 if iqr == 0 else math.inf)
+
+
+def escaped(event_us: float, wall_us: float | None, host_us: float | None = None) -> bool:
+    """True when event time misses work the synchronized wall time saw (module docstring).
+
+    ``event_us``: median event time of one run; ``wall_us``: wall time per call of a batch
+    of back-to-back runs ended by a device-wide synchronize; ``host_us``: the time per call
+    the host took to enqueue that batch (None: assume the batch was device-bound).
+    """
+    if wall_us is None or wall_us <= 0:
+        return False
+    if host_us is not None and wall_us < HOST_BOUND_RATIO * host_us:
+        return False  # launch-bound batch: it says nothing about the device work
+    return event_us < ESCAPE_RATIO * wall_us
+
+
+def reproducible(first_us: float, second_us: float, tolerance: float = REPRO_TOLERANCE) -> bool:
+    """Two measurements of the same thing agree: their ratio is within ``1 ± tolerance``."""
+    if first_us <= 0 or second_us <= 0:
+        return False
+    return abs(first_us / second_us - 1.0) <= tolerance
+
+
+@dataclass(frozen=True)
+class TimingSample:
+    """What one runner measured: its event times and the escape-check batch."""
+
+    name: str
+    event_us: tuple[float, ...]  # one per timed run, L2 flushed before each
+    wall_us: float | None = None  # wall time per call, back-to-back batch, device-synchronized
+    host_us: float | None = None  # host enqueue time per call in that batch
+    batch: int = 0  # calls in that batch
+
+    @property
+    def median_us(self) -> float:
+        return median(self.event_us)
+
+    @property
+    def spread(self) -> float:
+        return spread(self.event_us)
+
+    @property
+    def escaped(self) -> bool:
+        return escaped(self.median_us, self.wall_us, self.host_us)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "median_us": self.median_us,
+            "spread": self.spread,
+            "reps": len(self.event_us),
+            "wall_us": self.wall_us,
+            "host_us": self.host_us,
+            "batch": self.batch,
+            "escaped": self.escaped,
+        }
+
+
+def wall_batch_calls(event_median_us: float) -> int:
+    """How many back-to-back calls the escape-check batch makes for a runner."""
+    lo, hi = WALL_CALLS
+    if event_median_us <= 0:
+        return hi
+    return max(lo, min(hi, math.ceil(WALL_BATCH_US / event_median_us)))
+
+
+# ---- device side ----------------------------------------------------------------------
+
+Runner = Callable[[int], None]  # enqueue one run on the given stream handle; raise on error
+
+
+class L2Flush:
+    """Evicts the L2 by writing a buffer of at least twice its size on the timed stream."""
+
+    def __init__(self, l2_bytes: int = 0, nbytes: int | None = None):
+        from .runtime import DeviceBuffer
+
+        self.nbytes = nbytes or max(FLUSH_BYTES, 2 * l2_bytes)
+        self.buffer = DeviceBuffer(self.nbytes)
+        self._value = 0
+
+    def __call__(self, stream: int) -> None:
+        self._value = (self._value + 1) & 0xFF  # a new value each time: no write elision
+        self.buffer.fill_bytes(self._value, self.nbytes, stream=stream)
+
+    def free(self) -> None:
+        self.buffer.free()
+
+
+def time_interleaved(
+    runners: Mapping[str, Runner],
+    stream: int,
+    flush: Callable[[int], None],
+    *,
+    reps: int = 50,
+    warmup: int = 5,
+    wall_check: bool = True,
+) -> dict[str, TimingSample]:
+    """Time every runner ``reps`` times, round-robin, in this process.
+
+    Iteration ``i`` runs the runners in the order rotated by ``i`` (so none is always
+    first after the synchronize); each run is ``flush; event; run; event`` on ``stream``.
+    The device is synchronized after each iteration, which also drains work a runner left
+    on another stream. Then, if ``wall_check``, each runner's back-to-back batch is timed
+    for :func:`escaped`.
+    """
+    from .runtime import Event, synchronize
+
+    if reps < MIN_REPS:
+        raise ValueError(f"reps={reps}: the median needs at least {MIN_REPS} runs")
+    names = list(runners)
+    events = {name: (Event(), Event()) for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for _ in range(warmup):
+            for name in names:
+                runners[name](stream)
+        synchronize()
+        for i in range(reps):
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                start, end = events[name]
+                flush(stream)
+                start.record(stream)
+                runners[name](stream)
+                end.record(stream)
+            synchronize()
+            for name in names:
+                start, end = events[name]
+                times[name].append(1000.0 * start.elapsed_ms(end))
+    finally:
+        for pair in events.values():
+            for event in pair:
+                try:
+                    event.destroy()
+                except Exception:
+                    pass
+
+    samples = {}
+    for name in names:
+        sample = TimingSample(name, tuple(times[name]))
+        if wall_check:
+            wall, host, n = _wall_batch(runners[name], stream, wall_batch_calls(sample.median_us))
+            sample = TimingSample(name, sample.event_us, wall, host, n)
+        samples[name] = sample
+    return samples
+
+
+def _wall_batch(runner: Runner, stream: int, calls: int) -> tuple[float, float, int]:
+    """(wall µs per call, host enqueue µs per call, calls) of a back-to-back batch."""
+    from .runtime import synchronize
+
+    synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        runner(stream)
+    t1 = time.perf_counter()
+    synchronize()
+    t2 = time.perf_counter()
+    return 1e6 * (t2 - t0) / calls, 1e6 * (t1 - t0) / calls, calls

@@ -1,0 +1,602 @@
+"""Isolation: candidates run in a worker process, so a crash or a hang costs one result.
+
+The parent (:class:`Worker`) starts ``python -m l2gen.worker`` and speaks JSON lines with
+it: the worker writes ``{"ready": ...}`` once, then for each task line it reads, zero or
+more ``{"note": {...}}`` lines (where it is: which candidate it is verifying, ...) and one
+``{"result": {...}}``. The worker's own stdout (fd 1) is pointed at stderr, so nothing a
+kernel or a library prints can corrupt the protocol.
+
+Faults become data: if the worker dies (a segfault, a sticky CUDA error, an exception in
+the executor, after which it reports and exits so that no broken CUDA context is reused)
+the task's result has status ``run_error``; if no result comes within the task's timeout
+the worker is killed and the status is ``timeout``. Either way the next task starts a fresh
+worker. :func:`measure` builds on that: with the last note it knows which candidate was
+running, fails that one, and measures the rest again.
+
+The executor is pluggable (``module:function``, taking ``(task, note)`` and returning a
+result dict) so tests can inject fakes; the default, :func:`execute`, runs "measure" tasks
+on the GPU.
+
+A measure task::
+
+    {"kind": "measure", "m": M, "n": N, "k": K, "b_layout": "kn",
+     "candidates": [{"name", "library", "entry", "program_text" (optional: checked
+                     against the library's E_program), "knobs": {"raster", "swizzle",
+                     "splits", "decomposition"} (optional: the defaults)}],
+     "baselines": ["torch_matmul", "cublas", ...]  (optional),
+     "shim": path of the cuBLAS shim (optional: built or found in the cache),
+     "seeds": 3, "reps": 50, "warmup": 5}
+
+(A single candidate may also be given inline: "library", "entry", ... at the top level;
+and the shape as "shape": [M, N, K] or "MxNxK".)
+Its result: ``{"status", "error", "device", "candidates": [per candidate], "baselines":
+{name: per baseline}}``; per candidate or baseline ``{"name", "status" ("ok", "wrong",
+"run_error", "escaped", "unavailable", "timeout"), "time_us", "relerr", "error", "escaped",
+"event_vs_wall": {...}}``. With a single candidate, its fields are also at the top level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import faulthandler
+import importlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from .ir import Decomposition, Knobs, Raster
+from .timing import ESCAPE_RATIO
+
+DEFAULT_EXECUTOR = "l2gen.worker:execute"
+DEFAULT_TIMEOUT = 600.0  # seconds per task
+STARTUP_TIMEOUT = 300.0  # seconds for a new worker to say it is ready
+FIRST_TASK_GRACE = 120.0  # extra seconds for a new worker's first task (CUDA, torch init)
+STDERR_LINES = 40  # lines of the worker's stderr kept for error messages
+EXIT_AFTER_ERROR = 70  # the worker's exit status after reporting an executor exception
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+Note = Callable[[dict], None]
+Executor = Callable[[dict, Note], dict]
+
+
+def knobs_to_dict(knobs: Knobs) -> dict:
+    return {"raster": knobs.raster.value, "swizzle": knobs.swizzle, "splits": knobs.splits,
+            "decomposition": knobs.decomposition.value}
+
+
+def knobs_from_dict(d: dict | None) -> Knobs:
+    if not d:
+        return Knobs()
+    return Knobs(raster=Raster(d.get("raster", "heuristic")), swizzle=int(d.get("swizzle", 0)),
+                 splits=int(d.get("splits", 1)),
+                 decomposition=Decomposition(d.get("decomposition", "heuristic")))
+
+
+def failed(name: str, status: str, error: str | None) -> dict:
+    """A per-candidate (or per-baseline) result with no time."""
+    return {"name": name, "status": status, "time_us": None, "relerr": None, "error": error,
+            "escaped": None, "event_vs_wall": None}
+
+
+# ---- the worker process ---------------------------------------------------------------
+
+
+def resolve(spec: str) -> Executor:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name or "execute")
+
+
+def serve(executor: Executor, inp=None, out=None) -> int:
+    """The worker's loop: one task per input line, one result line each. Returns at EOF."""
+    inp = inp or sys.stdin
+    out = out or sys.stdout
+
+    def send(obj: dict) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    send({"ready": True, "pid": os.getpid()})
+    for line in inp:
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+            result = executor(task, lambda note: send({"note": note}))
+        except BaseException as e:  # report, then exit: the process state may be broken
+            send({"result": {"status": "run_error", "error": f"{type(e).__name__}: {e}",
+                             "traceback": traceback.format_exc(limit=20)}})
+            return EXIT_AFTER_ERROR
+        send({"result": result})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m l2gen.worker")
+    parser.add_argument("--executor", default=DEFAULT_EXECUTOR, help="module:function")
+    args = parser.parse_args(argv)
+    faulthandler.enable()  # a segfault leaves a Python traceback in the stderr tail
+    # The protocol gets a private copy of stdout; fd 1 (C printf, print) goes to stderr.
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        executor = resolve(args.executor)
+    except Exception as e:
+        protocol.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
+        protocol.flush()
+        return 2
+    code = serve(executor, sys.stdin, protocol)
+    protocol.flush()
+    if code:
+        os._exit(code)  # skip interpreter teardown: CUDA may be in a broken state
+    return code
+
+
+# ---- the parent side ------------------------------------------------------------------
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+class Worker:
+    """A worker process that runs tasks one at a time, restarted after any failure.
+
+    ``executor``: "module:function" run in the worker; ``pythonpath``: extra import paths
+    for it (the l2gen checkout is always on the path); ``echo_stderr``: copy the worker's
+    stderr to ours as it comes; ``first_task_grace``: seconds added to the timeout of a
+    new worker's first task (CUDA context, torch import, cuBLAS shim load).
+    """
+
+    def __init__(self, executor: str = DEFAULT_EXECUTOR, *, timeout: float = DEFAULT_TIMEOUT,
+                 pythonpath: list[str | Path] = (), echo_stderr: bool = False,
+                 env: dict | None = None, first_task_grace: float = FIRST_TASK_GRACE):
+        self.executor = executor
+        self.timeout = timeout
+        self.first_task_grace = first_task_grace
+        self.pythonpath = [str(p) for p in pythonpath]
+        self.echo_stderr = echo_stderr
+        self.env = env
+        self.restarts = 0  # workers started after the first
+        self.started = 0
+        self._proc: subprocess.Popen | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._stderr: collections.deque = collections.deque(maxlen=STDERR_LINES)
+        self._stderr_thread: threading.Thread | None = None
+        self._fresh = False
+
+    # -- lifecycle --
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> dict | None:
+        """Start a worker; returns None when it is ready, else a failed result."""
+        env = dict(os.environ if self.env is None else self.env)
+        paths = [str(_REPO_ROOT), *self.pythonpath]
+        if env.get("PYTHONPATH"):
+            paths.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["PYTHONUNBUFFERED"] = "1"
+        self._lines = queue.Queue()
+        self._stderr = collections.deque(maxlen=STDERR_LINES)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "l2gen.worker", "--executor", self.executor],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1, env=env, start_new_session=True,
+        )
+        if self.started:
+            self.restarts += 1
+        self.started += 1
+        threading.Thread(target=self._read_stdout, args=(self._proc, self._lines),
+                         daemon=True).start()
+        self._stderr_thread = threading.Thread(
+            target=self._read_stderr, args=(self._proc, self._stderr), daemon=True)
+        self._stderr_thread.start()
+        msg = self._next(STARTUP_TIMEOUT)
+        if msg is None or not msg.get("ready"):
+            if msg is None:
+                why = f"not ready within {STARTUP_TIMEOUT:.0f} s"
+            elif "eof" in msg:
+                self._settle()
+                why = f"it exited ({_describe_exit(self._proc.poll())})"
+            else:
+                why = msg.get("error") or "unexpected first message"
+            return self._fail("run_error", f"worker failed to start: {why}")
+        self._fresh = True
+        return None
+
+    def close(self) -> None:
+        """Ask the worker to stop (EOF), then kill it if it does not."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=10)
+        except Exception:
+            self._kill(proc)
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- running tasks --
+
+    def run(self, task: dict, timeout: float | None = None) -> dict:
+        """Run one task; always returns a result dict (``status`` says how it went).
+
+        A failed result carries ``last_note`` (the worker's last note, or None) so the
+        caller can tell which part of the task was running.
+        """
+        if not self.alive():
+            self._proc = None
+            failure = self.start()
+            if failure:
+                return failure
+        timeout = self.timeout if timeout is None else timeout
+        if self._fresh:
+            timeout += self.first_task_grace
+            self._fresh = False
+        try:
+            self._proc.stdin.write(json.dumps(task) + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return self._fail("run_error", "worker died before taking the task")
+        deadline = time.monotonic() + timeout
+        last_note = None
+        while True:
+            msg = self._next(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                return self._fail("timeout", f"no result within {timeout:.0f} s; worker "
+                                  "killed", last_note)
+            if "eof" in msg:
+                self._settle()
+                return self._fail("run_error", None, last_note)
+            if "note" in msg:
+                last_note = msg["note"]
+            elif "result" in msg:
+                result = msg["result"]
+                if result.get("status") == "run_error" and "traceback" in result:
+                    self._reap()  # the worker exits after reporting an exception
+                    result.setdefault("last_note", last_note)
+                return result
+
+    def _settle(self) -> None:
+        """Give a worker that closed its stdout a moment to exit, so its status is known."""
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _next(self, timeout: float) -> dict | None:
+        """The next protocol message, or None after ``timeout`` seconds."""
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return line
+
+    def _fail(self, status: str, error: str | None, last_note: dict | None = None) -> dict:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._kill(proc)
+        code = proc.poll() if proc is not None else None
+        self._proc = None
+        if self._stderr_thread is not None:
+            self._stderr_thread.join(timeout=2)  # let the last words of the worker arrive
+        if error is None:
+            error = f"worker died ({_describe_exit(code)})"
+        tail = "\n".join(self._stderr)
+        if tail:
+            error += "\n--- worker stderr (tail) ---\n" + tail
+        return {"status": status, "error": error, "last_note": last_note, "exit": code}
+
+    def _reap(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker leads its own session
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+    @staticmethod
+    def _read_stdout(proc: subprocess.Popen, lines: queue.Queue) -> None:
+        for raw in proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # not protocol: cannot happen with fd 1 redirected, but be safe
+            if isinstance(msg, dict):
+                lines.put(msg)
+        lines.put({"eof": True})  # the process closed stdout: it exited (or is exiting)
+
+    def _read_stderr(self, proc: subprocess.Popen, tail: collections.deque) -> None:
+        for line in proc.stderr:
+            tail.append(line.rstrip("\n"))
+            if self.echo_stderr:
+                sys.stderr.write(line)
+
+
+# ---- measuring through a worker, despite faulty candidates ----------------------------
+
+
+def normalize(task: dict) -> dict:
+    """A measure task with the single-candidate shorthand expanded."""
+    task = dict(task)
+    task.setdefault("kind", "measure")
+    if "shape" in task:  # [m, n, k] or "MxNxK"
+        shape = task.pop("shape")
+        if isinstance(shape, str):
+            shape = shape.lower().split("x")
+        task["m"], task["n"], task["k"] = (int(x) for x in shape)
+    if "library" in task and "candidates" not in task:
+        cand = {key: task.pop(key) for key in ("name", "library", "entry", "program_text",
+                                                "knobs") if key in task}
+        cand.setdefault("name", cand.get("entry", "candidate"))
+        task["candidates"] = [cand]
+    task.setdefault("candidates", [])
+    task.setdefault("baselines", [])
+    return task
+
+
+def measure(worker: Worker, task: dict, timeout: float | None = None) -> dict:
+    """Run a measure task to the end: a candidate that crashes or hangs the worker fails
+    alone, and the others are measured again without it.
+
+    The worker's last note says which candidate (or baseline) was being verified when it
+    died; that one gets the failure and the task is re-run without it. A failure while
+    timing (all runners interleaved, so no culprit) re-runs each candidate on its own with
+    the baselines; those candidates then carry their own ``baselines``.
+    """
+    task = normalize(task)
+    order = [c["name"] for c in task["candidates"]]
+    done: dict[str, dict] = {}
+    dropped_baselines: dict[str, dict] = {}
+    pending = list(task["candidates"])
+    baselines = list(task["baselines"])
+    for _ in range(len(pending) + len(baselines) + 2):
+        result = worker.run(dict(task, candidates=pending, baselines=baselines), timeout)
+        if result.get("status") == "ok":
+            for cand in result.get("candidates", []):
+                done[cand["name"]] = cand
+            merged = dict(result.get("baselines", {}), **dropped_baselines)
+            return _assemble(task, order, done, merged, result)
+        note = result.get("last_note") or {}
+        status, error = result.get("status", "run_error"), result.get("error")
+        if note.get("phase") == "verify" and note.get("candidate") in {c["name"] for c in pending}:
+            name = note["candidate"]
+            done[name] = failed(name, status, error)
+            pending = [c for c in pending if c["name"] != name]
+            continue
+        if note.get("phase") == "verify" and note.get("baseline") in baselines:
+            name = note["baseline"]
+            dropped_baselines[name] = failed(name, status, error)
+            baselines = [b for b in baselines if b != name]
+            continue
+        if note.get("phase") == "time" and len(pending) > 1:
+            for cand in pending:
+                alone = measure(worker, dict(task, candidates=[cand], baselines=baselines), timeout)
+                one = alone["candidates"][0] if alone.get("candidates") else failed(
+                    cand["name"], alone.get("status", "run_error"), alone.get("error"))
+                one["baselines"] = dict(alone.get("baselines", {}), **dropped_baselines)
+                done[cand["name"]] = one
+            return _assemble(task, order, done, dict(dropped_baselines), {"status": "ok"})
+        # No culprit to blame: everything still pending fails with the task.
+        for cand in pending:
+            done[cand["name"]] = failed(cand["name"], status, error)
+        for name in baselines:
+            dropped_baselines[name] = failed(name, status, error)
+        return _assemble(task, order, done, dropped_baselines, result)
+    raise AssertionError("measure: retry bound exceeded")  # each retry drops one runner
+
+
+def _assemble(task, order, done, baselines, result) -> dict:
+    out = {
+        "status": "ok" if result.get("status") == "ok" else result.get("status", "run_error"),
+        "error": None if result.get("status") == "ok" else result.get("error"),
+        "device": result.get("device"),
+        "candidates": [done[name] for name in order],
+        "baselines": baselines,
+    }
+    if len(order) == 1:
+        out.update({k: v for k, v in out["candidates"][0].items() if k != "name"})
+    return out
+
+
+# ---- the default executor (runs on the GPU, in the worker) ----------------------------
+
+_SESSION = None
+
+
+class _Session:
+    """Per-process GPU state: the timed stream, the L2 flush, the reference, baselines."""
+
+    def __init__(self):
+        from . import runtime
+        from .timing import L2Flush
+        from .verify import CudaDevice, default_reference
+
+        runtime.call("cudaSetDevice", 0)  # the first visible device (CUDA_VISIBLE_DEVICES)
+        self.info = runtime.device_info(0)
+        self.stream = runtime.Stream()
+        self.flush = L2Flush(self.info.l2_bytes)
+        self.device = CudaDevice()
+        self.reference = default_reference(self.device)
+        self._baselines: dict = {}
+
+    def baselines(self, shim: str | None):
+        from .baselines import Baselines
+
+        if shim not in self._baselines:
+            self._baselines[shim] = Baselines(shim)
+        return self._baselines[shim]
+
+
+def execute(task: dict, note: Note) -> dict:
+    """The worker's default executor: "measure" (see the module docstring) and "ping"."""
+    kind = task.get("kind", "measure")
+    if kind == "ping":
+        return {"status": "ok", "pid": os.getpid()}
+    if kind == "measure":
+        return _measure(normalize(task), note)
+    raise ValueError(f"unknown task kind {kind!r}")
+
+
+def _measure(task: dict, note: Note) -> dict:
+    """Verify every runner (baselines, then candidates), then time the verified ones
+    interleaved. A CudaError propagates: the context may be broken, the worker must go."""
+    from .runtime import CudaError, DeviceBuffer, Library
+    from .timing import time_interleaved
+    from .verify import DEFAULT_SEEDS, b_shape, make_inputs, verify
+
+    global _SESSION
+    note({"phase": "setup"})
+    if _SESSION is None:
+        _SESSION = _Session()
+    s = _SESSION
+    m, n, k = int(task["m"]), int(task["n"]), int(task["k"])
+    layout = task.get("b_layout", "kn")
+    seeds = int(task.get("seeds", DEFAULT_SEEDS))
+    reps, warmup = int(task.get("reps", 50)), int(task.get("warmup", 5))
+    h, dev = s.stream.handle, s.device
+    a, b, c = dev.alloc((m, k)), dev.alloc(b_shape(n, k, layout)), dev.alloc((m, n))
+    owned = [a.buffer, b.buffer, c.buffer]
+    results: dict[str, dict] = {}  # "baseline/<name>" or "candidate/<name>" -> result
+    runners: dict = {}
+    relerrs: dict[str, float] = {}
+
+    def check(key: str, name: str, kernel, c_view, transposed: bool) -> None:
+        try:
+            vr = verify(kernel, m, n, k, b_layout=layout, seeds=seeds, device=dev,
+                        reference=s.reference, buffers=(a, b, c_view), c_transposed=transposed)
+        except CudaError:
+            raise
+        except Exception as e:  # LaunchError, ShimError, a torch error: this runner only
+            results[key] = failed(name, "run_error", f"{type(e).__name__}: {e}")
+            return
+        if not vr.ok:
+            results[key] = dict(failed(name, "wrong", vr.error), relerr=vr.relerr)
+        else:
+            relerrs[key] = vr.relerr
+
+    try:
+        inputs = make_inputs(m, n, k, 0, layout)  # real data before anything runs (autotune)
+        dev.write(a, inputs[0])
+        dev.write(b, inputs[1])
+        if task["baselines"]:
+            bl = s.baselines(task.get("shim"))
+            for name in task["baselines"]:
+                key = f"baseline/{name}"
+                if name in bl.unavailable:
+                    results[key] = failed(name, "unavailable", bl.unavailable[name])
+                    continue
+                note({"phase": "verify", "baseline": name})
+                transposed = bl.c_transposed(name)
+                c_view = c.buffer.array((n, m)) if transposed else c
+                try:
+                    run = bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=s.flush)
+                except CudaError:
+                    raise
+                except Exception as e:
+                    results[key] = failed(name, "run_error", f"{type(e).__name__}: {e}")
+                    continue
+                check(key, name, lambda *_, run=run: run(h), c_view, transposed)
+                if key in relerrs:
+                    runners[key] = run
+
+        ldb = n if layout == "kn" else k
+        for cand in task["candidates"]:
+            name, key = cand["name"], f"candidate/{cand['name']}"
+            note({"phase": "verify", "candidate": name})
+            try:
+                lib = Library.load(cand["library"], cand["entry"])
+                text = cand.get("program_text")
+                if text is not None and lib.program_text().strip() != text.strip():
+                    raise ValueError(f"{cand['library']} was built from another program")
+                knobs = knobs_from_dict(cand.get("knobs"))
+                ws_bytes = lib.workspace_size(m, n, k, knobs)
+            except (OSError, AttributeError, ValueError) as e:
+                results[key] = failed(name, "run_error", f"cannot use the library: {e}")
+                continue
+            ws = DeviceBuffer(ws_bytes) if ws_bytes else None
+            if ws is not None:
+                owned.append(ws)
+
+            def run(stream, lib=lib, knobs=knobs, ws=ws, ws_bytes=ws_bytes):
+                lib.launch(a, b, c, m, n, k, k, ldb, n, knobs, ws, ws_bytes, stream)
+
+            check(key, name, lambda *_, run=run: run(h), c, False)
+            if key in relerrs:
+                runners[key] = run
+
+        note({"phase": "time", "runners": list(runners)})
+        samples = time_interleaved(runners, h, s.flush, reps=reps, warmup=warmup) if runners else {}
+    finally:
+        for buf in owned:
+            try:
+                buf.free()
+            except Exception:
+                pass
+
+    for key, sample in samples.items():
+        name = key.split("/", 1)[1]
+        ev = {"event_us": sample.median_us, "wall_us": sample.wall_us,
+              "host_us": sample.host_us, "batch": sample.batch, "escaped": sample.escaped}
+        if sample.escaped:
+            results[key] = dict(failed(name, "escaped", (
+                f"event time {sample.median_us:.2f} us is under {ESCAPE_RATIO:g} x the synchronized "
+                f"wall time per call, {sample.wall_us:.2f} us (host enqueue "
+                f"{sample.host_us:.2f} us): the work escaped the timed stream")),
+                relerr=relerrs[key], escaped=True, event_vs_wall=ev)
+        else:
+            results[key] = {"name": name, "status": "ok", "time_us": sample.median_us,
+                            "relerr": relerrs[key], "error": None, "escaped": False,
+                            "event_vs_wall": ev, "spread": sample.spread,
+                            "reps": len(sample.event_us)}
+    return {
+        "status": "ok",
+        "error": None,
+        "device": {"name": s.info.name, "sm": s.info.sm, "sms": s.info.sms,
+                   "l2_bytes": s.info.l2_bytes},
+        "candidates": [results[f"candidate/{cand['name']}"] for cand in task["candidates"]],
+        "baselines": {name: results[f"baseline/{name}"] for name in task["baselines"]},
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""The bench's rows, results file and table; and a whole bench run with lowering, building
+and the GPU worker faked (programs' names say how they behave)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from l2gen import bench as bench_mod
+from l2gen.baselines import BASELINES, cublas_best, result_key
+from l2gen.diagnostics import Diagnostic, DiagnosticError
+from l2gen.ir import BLayout, Family, Program, Sm80Config, Tile
+from l2gen.search.base import Shape
+from l2gen.targets import GPUS
+from l2gen.worker import Worker
+
+HERE = Path(__file__).resolve().parent
+H200 = GPUS["h200"]
+ROW_KEYS = {"m", "n", "k", "program", "program_text", "l2gen_us", "relerr", "status", "error",
+            "tflops", "floor_pct", "baselines", "cublas_best_us", "speedup_vs_best"}
+BASELINE_KEYS = {result_key(b) for b in BASELINES}
+BASE_TIMES = {"torch_matmul": 10.0, "cublas": 11.0, "cublas_tt": 12.0,
+              "cublaslt_heuristic": 10.5, "cublaslt_autotuned": 9.5}
+
+
+def ok_baselines(**override):
+    times = dict(BASE_TIMES, **override)
+    return {n: {"name": n, "status": "ok", "time_us": t, "relerr": 2e-4} for n, t in times.items()}
+
+
+# ---- rows -----------------------------------------------------------------------------
+
+
+def test_cublas_best_is_the_fastest_measured():
+    assert cublas_best({"a_us": 3.0, "b_us": None, "c_us": 2.5}) == 2.5
+    assert cublas_best({"a_us": None}) is None
+
+
+def test_row_of_a_measured_program():
+    shape = Shape(64, 4096, 4096)
+    row = bench_mod.make_row(shape, "p", "kernel p {}\n",
+                             {"status": "ok", "time_us": 8.0, "relerr": 3e-4, "error": None},
+                             ok_baselines(), H200)
+    assert set(row) == ROW_KEYS
+    assert set(row["baselines"]) == BASELINE_KEYS
+    assert row["l2gen_us"] == 8.0 and row["status"] == "ok" and row["error"] is None
+    assert row["cublas_best_us"] == 9.5
+    assert row["speedup_vs_best"] == pytest.approx(9.5 / 8.0)
+    assert row["tflops"] == pytest.approx(2 * 64 * 4096 * 4096 / 8e-6 / 1e12)
+    assert row["floor_pct"] == pytest.approx(100 * H200.floor_us(64, 4096, 4096) / 8.0)
+
+
+def test_row_of_a_failed_program_has_no_time():
+    row = bench_mod.make_row(Shape(8, 8, 8), "p", "", {"status": "wrong", "time_us": 5.0,
+                             "relerr": float("inf"), "error": "seed 0: relerr 0.5 > 0.001"},
+                             ok_baselines(), H200)
+    assert row["status"] == "wrong" and row["error"].startswith("seed 0")
+    assert row["l2gen_us"] is None and row["tflops"] is None and row["floor_pct"] is None
+    assert row["speedup_vs_best"] is None and row["relerr"] is None  # inf is not JSON
+    assert row["cublas_best_us"] == 9.5  # the baselines still say what the shape costs
+
+
+def test_row_with_failed_baselines():
+    base = ok_baselines()
+    base["cublaslt_autotuned"] = {"status": "unavailable", "time_us": None, "error": "no shim"}
+    base["torch_matmul"] = {"status": "wrong", "time_us": 1.0, "error": "bad"}
+    row = bench_mod.make_row(Shape(8, 8, 8), "p", "", {"status": "ok", "time_us": 10.0}, base, H200)
+    assert row["baselines"]["cublaslt_autotuned_us"] is None
+    assert row["baselines"]["torch_matmul_us"] is None  # a wrong baseline has no time either
+    assert row["cublas_best_us"] == 10.5
+
+
+def test_shape_summary_picks_the_fastest_passing_program():
+    shape = Shape(8, 8, 8)
+    rows = [bench_mod.make_row(shape, name, "", cand, ok_baselines(), H200) for name, cand in [
+        ("slow", {"status": "ok", "time_us": 20.0}),
+        ("fast", {"status": "ok", "time_us": 8.0}),
+        ("bad", {"status": "escaped", "time_us": None}),
+    ]]
+    s = bench_mod.shape_summary(shape, rows, ok_baselines())
+    assert s["best_program"] == "fast" and s["l2gen_us"] == 8.0
+    assert s["speedup_vs_best"] == pytest.approx(9.5 / 8.0)
+    none = bench_mod.shape_summary(shape, rows[2:], ok_baselines())
+    assert none["best_program"] is None and none["speedup_vs_best"] is None
+
+
+def test_results_file_is_strict_json(tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    bench_mod.write_results({"rows": [{"x": 1.5, "y": None}]}, path)
+    assert json.loads(path.read_text()) == {"rows": [{"x": 1.5, "y": None}]}
+    with pytest.raises(ValueError):
+        bench_mod.write_results({"x": float("nan")}, path)
+    assert json.loads(path.read_text()) == {"rows": [{"x": 1.5, "y": None}]}  # untouched
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]  # no temporary left
+
+
+def _results():
+    shape = Shape(64, 4096, 4096)
+    rows = [
+        bench_mod.make_row(shape, "fast", "", {"status": "ok", "time_us": 8.0, "relerr": 2.5e-4},
+                           ok_baselines(), H200),
+        bench_mod.make_row(shape, "broken", "", {"status": "run_error", "time_us": None,
+                           "error": "worker died (killed by SIGSEGV)\nmore"}, ok_baselines(), H200),
+    ]
+    return {"gpu": "h200", "rows": rows,
+            "shapes": [bench_mod.shape_summary(shape, rows, ok_baselines())]}
+
+
+def test_table_shows_time_rate_floor_speedups_and_relerr():
+    table = bench_mod.format_table(_results())
+    lines = table.splitlines()
+    header = lines[0].split()
+    assert header[:6] == ["shape", "program", "status", "us", "TFLOP/s", "floor%"]
+    assert header[6:] == ["xtorch", "xcublas", "xcublasTT", "xlt", "xlt_auto", "xbest", "relerr"]
+    fast = next(l for l in lines if " fast " in l).split()
+    assert fast[:4] == ["64x4096x4096", "fast", "ok", "8.00"]
+    assert fast[6:] == ["1.25", "1.38", "1.50", "1.31", "1.19", "1.19", "2.5e-04"]
+    broken = next(l for l in lines if " broken " in l and "run_error" in l).split()
+    assert broken[3:] == ["-"] * 10
+    assert "broken: run_error: worker died (killed by SIGSEGV)" in table
+    assert "more" not in table  # first line of an error only
+    summary = lines[lines.index("") + 1:]
+    assert summary[0].split()[:2] == ["shape", "torch"]
+    assert summary[2].split()[-3:] == ["9.50", "fast", "1.19"]
+
+
+def test_table_columns_line_up():
+    lines = bench_mod.format_table(_results()).split("\n\n")[0].splitlines()
+    assert len({len(l) for l in lines[:3]}) == 1
+
+
+def test_plot_without_matplotlib_is_skipped(tmp_path):
+    png = tmp_path / "p.png"
+    made = bench_mod.plot_speedups(_results(), png)
+    assert made == png.exists()
+    if made:
+        assert png.stat().st_size > 1000
+
+
+# ---- a whole run, faked ---------------------------------------------------------------
+
+
+def fake_gpu(task: dict, note) -> dict:
+    """Stands in for the GPU executor; a program's name says what it does."""
+    assert task["shim"] == "/fake/shim.so"
+    cands = []
+    for cand in task["candidates"]:
+        name = cand["name"]
+        note({"phase": "verify", "candidate": name})
+        assert cand["program_text"].startswith(f"kernel {name} {{")
+        assert cand["library"] == f"/fake/{name}.so"
+        if name == "crash":
+            os._exit(9)
+        if name == "wrong":
+            cands.append({"name": name, "status": "wrong", "time_us": None, "relerr": 0.5,
+                          "error": "seed 0: relerr 0.5 > 0.001"})
+        else:
+            cands.append({"name": name, "status": "ok", "time_us": {"fast": 8.0}.get(name, 20.0),
+                          "relerr": 3e-4, "error": None})
+    return {"status": "ok", "device": {"name": "Fake H200"}, "candidates": cands,
+            "baselines": {n: b for n, b in ok_baselines().items() if n in task["baselines"]}}
+
+
+def _program(name, layout=BLayout.KN):
+    return Program(name, Family.SM80, layout, Sm80Config(Tile(128, 128, 32)))
+
+
+def test_bench_end_to_end_with_fakes(tmp_path, monkeypatch, capsys):
+    import l2gen.build
+    import l2gen.lower
+    from l2gen.build import BuildResult
+    from l2gen.lower import KernelSource
+
+    def fake_lower(program, gpu):
+        if program.name == "rejectme":
+            raise DiagnosticError([Diagnostic("E-TILE", "tile too big")])
+        return KernelSource(program, gpu.name, f"e_{program.name}", "// code", "-gencode=x")
+
+    def fake_build_many(sources, jobs=None, timeout=600, progress=None):
+        out = []
+        for i, s in enumerate(sources, 1):
+            if s.program.name == "brokenbuild":
+                r = BuildResult(s, None, error="kernel.cu(1): error: nope", command="nvcc ...")
+            else:
+                r = BuildResult(s, Path(f"/fake/{s.program.name}.so"))
+            if progress:
+                progress(i, len(sources), r)
+            out.append(r)
+        return out
+
+    monkeypatch.setattr(l2gen.lower, "lower", fake_lower)
+    monkeypatch.setattr(l2gen.build, "build_many", fake_build_many)
+    monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
+    programs = [_program(n) for n in ("fast", "slow", "wrong", "crash", "rejectme", "brokenbuild")]
+    programs.append(_program("weights", BLayout.NK))
+    shapes = [Shape(64, 4096, 4096), Shape(37, 53, 64)]
+    out = tmp_path / "bench.json"
+    worker = Worker(f"{Path(__file__).stem}:fake_gpu", pythonpath=[HERE], first_task_grace=0)
+    try:
+        res = bench_mod.bench(programs, shapes, H200, out_json=out, plot_png=tmp_path / "s.png",
+                              reps=30, seeds=2, worker=worker)
+    finally:
+        worker.close()
+
+    on_disk = json.loads(out.read_text())
+    assert on_disk == res
+    assert {"gpu", "date", "commit", "nvcc", "rows"} <= set(on_disk)
+    assert on_disk["gpu"] == "h200" and on_disk["device"] == "Fake H200"
+    assert on_disk["reps"] == 30 and on_disk["seeds"] == 2
+    rows = on_disk["rows"]
+    assert len(rows) == 6 * 2  # the nk program serves no C = A @ B shape
+    for row in rows:
+        assert set(row) == ROW_KEYS and set(row["baselines"]) == BASELINE_KEYS
+    by = {(r["program"], r["m"]): r for r in rows}
+    assert by[("fast", 64)]["status"] == "ok" and by[("fast", 64)]["l2gen_us"] == 8.0
+    assert by[("fast", 64)]["speedup_vs_best"] == pytest.approx(9.5 / 8)
+    assert by[("slow", 37)]["l2gen_us"] == 20.0
+    assert by[("wrong", 64)]["status"] == "wrong" and by[("wrong", 64)]["l2gen_us"] is None
+    assert by[("crash", 64)]["status"] == "run_error" and "exit status 9" in by[("crash", 64)]["error"]
+    assert by[("rejectme", 64)]["status"] == "rejected" and "E-TILE" in by[("rejectme", 64)]["error"]
+    assert by[("brokenbuild", 37)]["status"] == "build_error"
+    assert "error: nope" in by[("brokenbuild", 37)]["error"]
+    assert all(r["cublas_best_us"] == 9.5 for r in rows)
+    assert by[("fast", 64)]["program_text"].startswith("kernel fast {")
+    assert [s["best_program"] for s in on_disk["shapes"]] == ["fast", "fast"]
+
+    captured = capsys.readouterr()
+    assert "64x4096x4096" in captured.out and "fast" in captured.out  # the table
+    assert "[bench] 1/2 64x4096x4096" in captured.err  # progress
+    assert "weights: B layout nk" in captured.err
