@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import hashlib
+import math
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 from ..ir import Program
@@ -71,3 +74,33 @@ class Policy(Protocol):
     ) -> list[Proposal]: ...
 
     def update(self, shape: Shape, results: Sequence[tuple[Proposal, Measurement]]) -> None: ...
+
+
+# Rewards the search optimizes: log speedup over cuBLAS-best for a verified program; a
+# constant penalty for one that failed to build, launch or verify (or timed out); a
+# milder one for a program the checker rejected (it cost nothing to find out).
+REWARD_FAILED = -1.0
+REWARD_REJECTED = -0.5
+
+
+def reward(measurement: Measurement) -> float:
+    """The reward of one measurement (see REWARD_FAILED and REWARD_REJECTED)."""
+    if measurement.status == "rejected":
+        return REWARD_REJECTED
+    speedup = measurement.speedup
+    if speedup is None:
+        return REWARD_FAILED
+    return math.log(speedup)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def program_key(program: Program) -> str:
+    """sha256 of the program's canonical text with the name normalized.
+
+    The name is cosmetic: two programs that differ only in name build the same kernel,
+    so they share a key (the database and the policies' deduplication use it).
+    """
+    from ..printer import format_program
+
+    text = format_program(replace(program, name="k"))
+    return hashlib.sha256(text.encode()).hexdigest()

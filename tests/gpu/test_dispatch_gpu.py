@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from l2gen.check import is_valid  # noqa: E402
 from l2gen.db import KernelDB  # noqa: E402
 from l2gen.dispatch import Dispatcher, TorchLauncher, detect_gpu  # noqa: E402
 from l2gen.ir import Family, SplitK  # noqa: E402
@@ -30,7 +31,7 @@ MAX_RELERR = 1e-3
 def programs(gpu):
     """A few programs of both families, with run-time knobs that exercise the splitters."""
     out = [
-        assemble(Family.SM80, dict(bm=128, bn=128, bk=32, warps=(2, 2), stages=3)),
+        assemble(Family.SM80, dict(bm=128, bn=128, bk=32, warps=(2, 2), stages=3, smem_swizzle_b=2)),
         assemble(Family.SM80, dict(bm=64, bn=64, bk=64, warps=(2, 2), stages=4, split_k=SplitK.PARALLEL, splits=3)),
     ]
     if gpu.sm >= 90:
@@ -38,6 +39,7 @@ def programs(gpu):
             assemble(Family.SM90, dict(bm=128, bn=128, bk=64, mainloop="cooperative")),
             assemble(Family.SM90, dict(bm=128, bn=256, bk=64, mainloop="cooperative", scheduler="stream_k", splits=2, decomposition="split_k")),
         ]
+    assert all(is_valid(p, gpu) for p in out)
     return out
 
 

@@ -1,0 +1,369 @@
+"""The kernel database: every measured candidate, and the best program per (GPU, shape).
+
+One SQLite file per target GPU. Table ``measurements`` holds one row per measured
+candidate (failures too: they are what keeps a resumed search from re-measuring them);
+view ``best`` has the fastest verified program per (gpu, arch, m, n, k), ranked by
+speedup over cuBLAS-best measured in the same run; table ``meta`` records the schema
+version and the GPU the database belongs to. A database recorded on one GPU refuses
+measurements or lookups for another (:meth:`KernelDB.check_gpu`): timings do not
+transfer between devices.
+
+WAL journal, one connection per thread, a commit per measurement, so a tuning run that
+is killed loses at most the candidate in flight.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import importlib.metadata
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+from .ir import BLayout, Program
+from .parse import parse
+from .printer import format_program
+from .search.base import Measurement, Shape, program_key
+from .targets import Gpu
+
+SCHEMA_VERSION = 1
+FORMAT = "l2gen-kernel-db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    gpu          TEXT    NOT NULL,
+    arch         TEXT    NOT NULL,   -- the program's family: sm80 or sm90a
+    m            INTEGER NOT NULL,
+    n            INTEGER NOT NULL,
+    k            INTEGER NOT NULL,
+    program_text TEXT    NOT NULL,   -- canonical DSL text, knobs as measured
+    program_key  TEXT    NOT NULL,   -- sha256 of the canonical text, name normalized
+    status       TEXT    NOT NULL,   -- ok, rejected, build_error, run_error, wrong, timeout
+    time_us      REAL,
+    baseline_us  REAL,               -- cuBLAS-best, same run
+    relerr       REAL,
+    error        TEXT,
+    policy       TEXT,
+    created_at   TEXT    NOT NULL,   -- UTC, ISO 8601
+    env          TEXT    NOT NULL DEFAULT '{}'  -- JSON: nvcc, cutlass, driver, torch, ...
+);
+CREATE INDEX IF NOT EXISTS measurements_shape ON measurements (gpu, m, n, k);
+CREATE VIEW IF NOT EXISTS best AS
+SELECT x.gpu, x.arch, x.m, x.n, x.k, x.program_text, x.program_key, x.time_us,
+       x.baseline_us, x.baseline_us / x.time_us AS speedup, x.relerr, x.policy,
+       x.created_at, x.id
+FROM measurements AS x
+WHERE x.id = (
+    SELECT y.id FROM measurements AS y
+    WHERE y.gpu = x.gpu AND y.arch = x.arch AND y.m = x.m AND y.n = x.n AND y.k = x.k
+      AND y.status = 'ok' AND y.time_us > 0 AND y.baseline_us > 0
+    ORDER BY y.baseline_us / y.time_us DESC, y.id ASC
+    LIMIT 1
+);
+"""
+
+_COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env")
+
+
+class DatabaseError(Exception):
+    """The file is not a usable l2gen kernel database (the message names the file)."""
+
+
+class GpuMismatchError(DatabaseError):
+    """The database was recorded on another GPU."""
+
+
+def _gpu_name(gpu: Gpu | str) -> str:
+    return gpu.name if isinstance(gpu, Gpu) else str(gpu).lower()
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_cached(text: str) -> Program:
+    return parse(text, file="<kernel db>")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+class KernelDB:
+    """An SQLite kernel database at ``path`` (created if missing unless ``readonly``)."""
+
+    def __init__(self, path: str | Path, *, readonly: bool = False):
+        self.path = Path(path)
+        self.readonly = readonly
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._checked: set[str] = set()
+        if readonly and not self.path.is_file():
+            raise DatabaseError(f"{self.path}: no such kernel database")
+        existed = self.path.is_file() and self.path.stat().st_size > 0
+        try:
+            conn = self._conn()
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+            if existed and "meta" not in tables:
+                raise DatabaseError(f"{self.path}: an SQLite file, but not an l2gen kernel database (no 'meta' table)")
+            if not readonly:
+                with conn:
+                    conn.executescript(_SCHEMA)
+                    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            version = self._meta("schema_version")
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise DatabaseError(f"{self.path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
+        except DatabaseError:
+            self.close()
+            raise
+        if version is None or int(version) > SCHEMA_VERSION:
+            self.close()
+            raise DatabaseError(f"{self.path}: kernel database schema version {version} is not supported (this l2gen reads version {SCHEMA_VERSION}); upgrade l2gen")
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self.readonly:
+            try:
+                conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.OperationalError:  # a WAL file in a read-only place (an installed wheel)
+                conn = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True, check_same_thread=False)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a crash of the process
+        self._local.conn = conn
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    def close(self) -> None:
+        """Close every connection this object opened (on any thread)."""
+        with self._lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._local = threading.local()
+
+    def __enter__(self) -> "KernelDB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _meta(self, key: str) -> str | None:
+        row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        try:
+            return self._conn().execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"{self.path}: {exc}") from None
+
+    # -- the GPU this database belongs to ------------------------------------------------
+
+    @property
+    def gpu(self) -> str | None:
+        """The GPU the database was recorded on (None while it is empty and unclaimed)."""
+        return self._meta("gpu")
+
+    def check_gpu(self, gpu: Gpu | str, *, strict: bool = True) -> bool:
+        """Claim an empty database for ``gpu``, or make sure it was recorded on it.
+
+        A mismatch raises :class:`GpuMismatchError` (or, with ``strict=False``, warns and
+        returns False): kernels tuned on one GPU are not evidence about another.
+        """
+        name = _gpu_name(gpu)
+        if name in self._checked:
+            return True
+        recorded = self.gpu
+        if recorded is None:
+            others = [r[0] for r in self._query("SELECT DISTINCT gpu FROM measurements WHERE gpu != ?", (name,))]
+            recorded = others[0] if others else None
+        if recorded is not None and recorded != name:
+            message = f"{self.path} holds kernels measured on {recorded}, not {name}; timings do not transfer between GPUs: use another database file for {name}"
+            if strict:
+                raise GpuMismatchError(message)
+            warnings.warn(message, stacklevel=2)
+            return False
+        if recorded is None and not self.readonly:
+            with self._conn() as conn:
+                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gpu', ?)", (name,))
+        self._checked.add(name)
+        return True
+
+    # -- writing -------------------------------------------------------------------------
+
+    def add(self, measurement: Measurement, gpu: Gpu | str, policy: str = "", env: dict | None = None) -> int:
+        """Persist one measurement (committed before returning); returns its row id."""
+        if self.readonly:
+            raise DatabaseError(f"{self.path}: opened read-only")
+        self.check_gpu(gpu)
+        m, p = measurement, measurement.program
+        row = (
+            _gpu_name(gpu), p.family.value, m.shape.m, m.shape.n, m.shape.k, format_program(p), program_key(p), m.status,
+            m.time_us, m.baseline_us, m.relerr, m.error, policy, _now(), json.dumps(env or {}, sort_keys=True),
+        )
+        conn = self._conn()
+        try:
+            with conn:
+                cur = conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", row)
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"{self.path}: {exc}") from None
+        return int(cur.lastrowid)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _measurement(self, shape: Shape, text: str, status: str, time_us, baseline_us, relerr, error) -> Measurement | None:
+        try:
+            program = _parse_cached(text)
+        except Exception as exc:  # written by an l2gen whose grammar has changed since
+            warnings.warn(f"{self.path}: skipping a stored program that no longer parses: {exc}")
+            return None
+        return Measurement(shape, program, status, time_us, baseline_us, relerr, error)
+
+    def history(self, gpu: Gpu | str, shape: Shape) -> list[Measurement]:
+        """Every measurement of a shape on a GPU, oldest first."""
+        rows = self._query(
+            "SELECT program_text, status, time_us, baseline_us, relerr, error FROM measurements WHERE gpu = ? AND m = ? AND n = ? AND k = ? ORDER BY id",
+            (_gpu_name(gpu), shape.m, shape.n, shape.k),
+        )
+        out = [self._measurement(shape, *row) for row in rows]
+        return [m for m in out if m is not None]
+
+    def best(self, gpu: Gpu | str, shape: Shape, *, b_layout: BLayout | None = None) -> tuple[Program, float, float] | None:
+        """(program, speedup, time_us) of the fastest verified program for a shape, or
+        None. ``b_layout`` restricts it to programs for that operand layout."""
+        rows = self._query(
+            "SELECT program_text, speedup, time_us FROM best WHERE gpu = ? AND m = ? AND n = ? AND k = ? ORDER BY speedup DESC",
+            (_gpu_name(gpu), shape.m, shape.n, shape.k),
+        )
+        for text, speedup, time_us in rows:
+            m = self._measurement(shape, text, "ok", time_us, None, None, None)
+            if m is not None and (b_layout is None or m.program.b_layout is b_layout):
+                return m.program, float(speedup), float(time_us)
+        return None
+
+    def best_all(self, gpu: Gpu | str, *, b_layout: BLayout | None = None) -> dict[Shape, tuple[Program, float, float]]:
+        """The best (program, speedup, time_us) of every shape measured on a GPU."""
+        out: dict[Shape, tuple[Program, float, float]] = {}
+        rows = self._query("SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? ORDER BY m, n, k, speedup DESC", (_gpu_name(gpu),))
+        for m, n, k, text, speedup, time_us in rows:
+            shape = Shape(m, n, k)
+            if shape in out:
+                continue
+            meas = self._measurement(shape, text, "ok", time_us, None, None, None)
+            if meas is not None and (b_layout is None or meas.program.b_layout is b_layout):
+                out[shape] = (meas.program, float(speedup), float(time_us))
+        return out
+
+    def count(self, gpu: Gpu | str | None = None) -> int:
+        if gpu is None:
+            return self._query("SELECT count(*) FROM measurements")[0][0]
+        return self._query("SELECT count(*) FROM measurements WHERE gpu = ?", (_gpu_name(gpu),))[0][0]
+
+    # -- exchange ------------------------------------------------------------------------
+
+    def export_json(self, path: str | Path) -> int:
+        """Write every measurement to a JSON file (atomically); returns the row count."""
+        path = Path(path)
+        cols = ("id",) + _COLUMNS
+        rows = self._query(f"SELECT {', '.join(cols)} FROM measurements ORDER BY id")
+        records = []
+        for row in rows:
+            record = dict(zip(cols, row))
+            record["env"] = json.loads(record["env"] or "{}")
+            records.append(record)
+        doc = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "gpu": self.gpu, "measurements": records}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+        return len(records)
+
+    def import_json(self, path: str | Path) -> int:
+        """Add the measurements of an exported file; rows already present are skipped.
+        Returns how many were added. A file from another GPU raises GpuMismatchError."""
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise DatabaseError(f"{path}: cannot read a kernel database export: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise DatabaseError(f"{path}: not an l2gen kernel database export (format is not '{FORMAT}')")
+        if int(doc.get("schema_version", 0)) > SCHEMA_VERSION:
+            raise DatabaseError(f"{path}: export schema version {doc.get('schema_version')} is newer than this l2gen reads ({SCHEMA_VERSION})")
+        records = doc.get("measurements") or []
+        gpus = {r["gpu"] for r in records} | ({doc["gpu"]} if doc.get("gpu") else set())
+        if len(gpus) > 1:
+            raise GpuMismatchError(f"{path}: measurements from several GPUs ({', '.join(sorted(gpus))}) in one export")
+        for gpu in gpus:
+            self.check_gpu(gpu)
+        added = 0
+        conn = self._conn()
+        key_cols = ("gpu", "m", "n", "k", "program_key", "status", "created_at")
+        try:
+            with conn:
+                for r in records:
+                    values = tuple(json.dumps(r.get("env") or {}, sort_keys=True) if c == "env" else r.get(c) for c in _COLUMNS)
+                    exists = conn.execute(
+                        f"SELECT 1 FROM measurements WHERE {' AND '.join(f'{c} IS ?' for c in key_cols)} AND time_us IS ?",
+                        tuple(r.get(c) for c in key_cols) + (r.get("time_us"),),
+                    ).fetchone()
+                    if exists:
+                        continue
+                    conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", values)
+                    added += 1
+        except (sqlite3.DatabaseError, KeyError, TypeError) as exc:
+            raise DatabaseError(f"{path}: bad measurement record: {exc!r}") from None
+        return added
+
+
+# ---------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def collect_env() -> dict:
+    """Versions of the toolchain that produced a measurement, where they can be found:
+    nvcc, the CUTLASS wheel, the NVIDIA driver, torch. Missing tools are left out."""
+    env: dict = {}
+    for dist, key in (("nvidia-cutlass", "cutlass"), ("torch", "torch"), ("cuda-python", "cuda_python")):
+        try:
+            env[key] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    env["nvcc"] = _tool_output(["nvcc", "--version"], lambda out: out.strip().splitlines()[-1])
+    env["driver"] = _tool_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], lambda out: out.strip().splitlines()[0])
+    return {k: v for k, v in env.items() if v}
+
+
+def _tool_output(cmd: list[str], pick) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+        return pick(out)
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None

@@ -1,0 +1,405 @@
+"""Dispatch: serve ``C = A @ B`` with the best tuned kernel for the shape, else cuBLAS.
+
+For a call with shape (M, N, K) the dispatcher looks up, once per shape, the best
+program the kernel database holds for the exact shape on this GPU; failing that, one
+tuned for a *nearby* shape (same bucket of rounded log2 sizes; every program serves any
+M, and N and K multiples of 8); failing that, or where cuBLAS measured faster, it calls
+``torch.matmul``. Libraries are built and loaded once per program, workspaces allocated
+once per (shape, program), so the per-call cost is a dict lookup, a few checks and the
+launch on torch's current stream (no sync and no allocation: safe inside CUDA graph
+capture once the shape has been called outside it).
+
+It never returns a wrong result knowingly: if building, loading or launching fails, or
+the first result of a shape disagrees with cuBLAS, it logs once and serves that shape
+with ``torch.matmul`` from then on.
+
+The GPU-touching part is a small :class:`Launcher`; :class:`TorchLauncher` is the real
+one, and tests inject a fake that runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.resources
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from .db import DatabaseError, KernelDB
+from .ir import BLayout, Knobs, Program
+from .search.base import Shape, program_key
+from .targets import GPUS, Gpu
+
+log = logging.getLogger("l2gen.dispatch")
+
+MIN_SPEEDUP = 1.0  # an exact-shape program must have beaten cuBLAS-best
+MIN_SPEEDUP_NEARBY = 1.05  # a program tuned for another shape must have beaten it clearly
+MAX_RELERR = 1e-3  # the first result per shape is checked against the fallback
+
+
+class Launcher(Protocol):
+    """Everything the dispatcher does to a device, behind one small interface."""
+
+    def load(self, program: Program, gpu: Gpu) -> Any:
+        """Build (or fetch from the build cache) and load the library for ``program``'s
+        compile-time configuration; raise on failure. Knobs are passed at launch."""
+
+    def workspace(self, kernel: Any, m: int, n: int, k: int, knobs: Knobs, like: Any) -> Any:
+        """Allocate the workspace a launch with these knobs needs (None if none)."""
+
+    def eligible(self, a: Any, b: Any, out: Any) -> bool:
+        """Whether the operands are what the kernels take (fp16, 2-D, row-major,
+        contiguous, 16-byte aligned, one device)."""
+
+    def empty(self, like: Any, m: int, n: int) -> Any:
+        """An uninitialized M x N output like ``like``."""
+
+    def launch(self, kernel: Any, a: Any, b: Any, out: Any, m: int, n: int, k: int, knobs: Knobs, workspace: Any) -> int:
+        """Enqueue the kernel on the current stream; return its status code (0 = ok)."""
+
+    def capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph (no checks then)."""
+
+    def relerr(self, out: Any, ref: Any) -> float:
+        """||out - ref|| / ||ref||."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What serves one shape: a program (its knobs are the launch's) and why."""
+
+    program: Program
+    speedup: float  # measured over cuBLAS-best, on the shape it was tuned for
+    tuned_for: Shape
+    exact: bool
+
+
+@dataclass
+class _Ready:
+    kernel: Any
+    knobs: Knobs
+    workspace: Any
+    plan: Plan
+    verified: bool = False
+
+
+_FALLBACK = object()  # a shape served by the fallback for good
+
+
+def bucket(shape: Shape) -> tuple[int, int, int]:
+    """Shapes in one bucket (rounded log2 of each size) count as nearby."""
+    return tuple(round(math.log2(v)) for v in (shape.m, shape.n, shape.k))
+
+
+def _distance(a: Shape, b: Shape) -> float:
+    return sum(abs(math.log2(x / y)) for x, y in ((a.m, b.m), (a.n, b.n), (a.k, b.k)))
+
+
+class Dispatcher:
+    """A GEMM entry point over a kernel database (see the module docstring).
+
+    ``db``: a :class:`KernelDB`, a path, or None (always the fallback). ``gpu``: the
+    device's record (None: always the fallback). ``fallback(a, b, out=None)``: the
+    reference GEMM (default ``torch.matmul``). ``verify``: check each shape's first
+    result against the fallback (skipped while a CUDA graph is being captured).
+    """
+
+    def __init__(
+        self,
+        db: KernelDB | str | Path | None,
+        gpu: Gpu | None,
+        *,
+        launcher: Launcher | None = None,
+        fallback: Callable | None = None,
+        verify: bool = True,
+        nearby: bool = True,
+    ):
+        self.gpu = gpu
+        self.verify = verify
+        self.nearby = nearby
+        self._fallback = fallback or _torch_matmul
+        self._launcher = launcher
+        self._shapes: dict[tuple[int, int, int], Any] = {}
+        self._kernels: dict[str, Any] = {}  # program key (knobs stripped) -> loaded kernel
+        self._buckets: dict | None = None
+        self._lock = threading.Lock()
+        self.db: KernelDB | None = None
+        if db is not None and gpu is not None:
+            try:
+                self.db = db if isinstance(db, KernelDB) else KernelDB(db, readonly=True)
+                if not self.db.check_gpu(gpu, strict=False):
+                    self.db = None  # check_gpu warned: recorded on another GPU
+            except DatabaseError as exc:
+                log.warning("l2gen: %s; every shape will use the fallback", exc)
+                self.db = None
+
+    @property
+    def launcher(self) -> Launcher:
+        if self._launcher is None:
+            self._launcher = TorchLauncher()
+        return self._launcher
+
+    # -- lookup --------------------------------------------------------------------------
+
+    def plan(self, m: int, n: int, k: int) -> Plan | None:
+        """The program that would serve a shape, or None for the fallback."""
+        if self.db is None or min(m, n, k) <= 0 or k % 8 or n % 8:  # see search.evaluate.unserved
+            return None
+        shape = Shape(m, n, k)
+        try:
+            found = self.db.best(self.gpu, shape, b_layout=BLayout.KN)
+        except DatabaseError as exc:
+            log.warning("l2gen: %s", exc)
+            return None
+        if found is not None:  # measured on this very shape: trust it either way
+            program, speedup, _ = found
+            return Plan(program, speedup, shape, True) if speedup > MIN_SPEEDUP else None
+        if not self.nearby:
+            return None
+        candidates = self._bucket_index().get(bucket(shape), [])
+        usable = [(_distance(shape, s), -sp, s, p, sp) for s, p, sp in candidates if sp > MIN_SPEEDUP_NEARBY]
+        if not usable:
+            return None
+        _, _, tuned, program, speedup = min(usable, key=lambda t: t[:2])
+        return Plan(program, speedup, tuned, False)
+
+    def _bucket_index(self) -> dict:
+        if self._buckets is None:
+            index: dict = {}
+            try:
+                for s, (program, speedup, _) in self.db.best_all(self.gpu, b_layout=BLayout.KN).items():
+                    index.setdefault(bucket(s), []).append((s, program, speedup))
+            except DatabaseError as exc:
+                log.warning("l2gen: %s", exc)
+            self._buckets = index
+        return self._buckets
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def __call__(self, a, b, out=None):
+        """C = A @ B for row-major fp16 A (M x K) and B (K x N); writes ``out`` if given."""
+        if len(a.shape) != 2 or len(b.shape) != 2:
+            return self._fallback(a, b, out=out)
+        m, k = a.shape
+        k2, n = b.shape
+        if k != k2:
+            raise ValueError(f"matmul: A is {m} x {k} but B is {k2} x {n}")
+        state = self._shapes.get((m, n, k))
+        if state is _FALLBACK or self.db is None:
+            return self._fallback(a, b, out=out)
+        launcher = self.launcher
+        if not launcher.eligible(a, b, out):  # before any build: these operands never launch
+            return self._fallback(a, b, out=out)
+        if state is None:
+            state = self._prepare(m, n, k, a)
+            if state is _FALLBACK:
+                return self._fallback(a, b, out=out)
+        c = out if out is not None else launcher.empty(a, m, n)
+        try:
+            rc = launcher.launch(state.kernel, a, b, c, m, n, k, state.knobs, state.workspace)
+        except Exception as exc:
+            return self._give_up(m, n, k, f"launch raised {exc!r}", a, b, out)
+        if rc != 0:
+            return self._give_up(m, n, k, f"kernel returned status {rc}", a, b, out)
+        if not state.verified and self.verify and not launcher.capturing():
+            ref = self._fallback(a, b)
+            err = launcher.relerr(c, ref)
+            if not err <= MAX_RELERR:  # NaN fails too
+                self._give_up(m, n, k, f"first result disagrees with the fallback (relative error {err:.2e})", None, None, None)
+                if out is None:
+                    return ref
+                out[...] = ref
+                return out
+            state.verified = True
+        return c
+
+    def _prepare(self, m: int, n: int, k: int, like) -> Any:
+        with self._lock:
+            state = self._shapes.get((m, n, k))
+            if state is not None:
+                return state
+            plan = self.plan(m, n, k)
+            state = _FALLBACK
+            if plan is not None:
+                try:
+                    state = self._ready(plan, m, n, k, like)
+                except Exception as exc:
+                    log.warning("l2gen: %dx%dx%d: cannot use %s (%s); using the fallback for this shape", m, n, k, plan.program.name, exc)
+            self._shapes[(m, n, k)] = state
+            return state
+
+    def _ready(self, plan: Plan, m: int, n: int, k: int, like) -> _Ready:
+        key = program_key(_strip_knobs(plan.program))
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self.launcher.load(plan.program, self.gpu)
+            self._kernels[key] = kernel
+        knobs = plan.program.knobs
+        return _Ready(kernel, knobs, self.launcher.workspace(kernel, m, n, k, knobs, like), plan)
+
+    def _give_up(self, m: int, n: int, k: int, why: str, a, b, out):
+        state = self._shapes.get((m, n, k))
+        name = state.plan.program.name if isinstance(state, _Ready) else "?"
+        log.warning("l2gen: %dx%dx%d: %s: %s; using the fallback for this shape from now on", m, n, k, name, why)
+        self._shapes[(m, n, k)] = _FALLBACK
+        if a is None:
+            return None
+        return self._fallback(a, b, out=out)
+
+    def served_by(self, m: int, n: int, k: int) -> str:
+        """'fallback', 'unprepared', or the serving program's name (for logs and tests)."""
+        state = self._shapes.get((m, n, k))
+        if state is None:
+            return "unprepared"
+        return "fallback" if state is _FALLBACK else state.plan.program.name
+
+
+def _strip_knobs(program: Program) -> Program:
+    from .search.evaluate import build_program
+
+    return build_program(program)
+
+
+def _torch_matmul(a, b, out=None):
+    import torch
+
+    return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# The real launcher: generated libraries through ctypes, on torch's current stream.
+
+
+@dataclass
+class _Kernel:
+    library: Any
+    fn: Any
+    workspace_fn: Any
+    entry: str
+
+
+class TorchLauncher:
+    """Builds with :func:`l2gen.build.build_many`, loads with ctypes, launches on
+    ``torch.cuda.current_stream()``. Entry ABI: ``templates/common.cuh.j2``."""
+
+    def __init__(self, *, build_many=None):
+        import torch
+
+        self.torch = torch
+        self._build_many = build_many
+
+    def load(self, program: Program, gpu: Gpu) -> _Kernel:
+        from .lower import lower
+
+        build_many = self._build_many
+        if build_many is None:
+            from .build import build_many
+        source = lower(_strip_knobs(program), gpu)
+        [result] = build_many([source])
+        if not result.ok or result.library is None:
+            raise RuntimeError(f"build failed: {result.error}")
+        lib = ctypes.CDLL(str(result.library))
+        fn = getattr(lib, source.entry)
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 10 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        ws = getattr(lib, source.entry + "_workspace")
+        ws.restype = ctypes.c_size_t
+        ws.argtypes = [ctypes.c_int] * 7
+        return _Kernel(lib, fn, ws, source.entry)
+
+    def workspace(self, kernel: _Kernel, m: int, n: int, k: int, knobs: Knobs, like) -> tuple:
+        nbytes = int(kernel.workspace_fn(m, n, k, *knobs.as_args()))
+        if nbytes == 0:
+            return (None, 0)
+        return (self.torch.empty(nbytes, dtype=self.torch.uint8, device=like.device), nbytes)
+
+    def eligible(self, a, b, out) -> bool:
+        f16 = self.torch.float16
+        ok = a.dtype is f16 and b.dtype is f16 and a.is_cuda and b.device == a.device
+        ok = ok and a.dim() == 2 and b.dim() == 2 and a.is_contiguous() and b.is_contiguous()
+        ok = ok and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+        if ok and out is not None:
+            ok = out.dtype is f16 and out.device == a.device and out.is_contiguous() and out.data_ptr() % 16 == 0
+            ok = ok and tuple(out.shape) == (a.shape[0], b.shape[1])
+        return bool(ok)
+
+    def empty(self, like, m: int, n: int):
+        return self.torch.empty((m, n), dtype=like.dtype, device=like.device)
+
+    def launch(self, kernel: _Kernel, a, b, out, m: int, n: int, k: int, knobs: Knobs, workspace) -> int:
+        buf, nbytes = workspace
+        stream = self.torch.cuda.current_stream(a.device).cuda_stream
+        return kernel.fn(a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, k, n, n, *knobs.as_args(), buf.data_ptr() if buf is not None else None, nbytes, stream)
+
+    def capturing(self) -> bool:
+        return bool(self.torch.cuda.is_current_stream_capturing())
+
+    def relerr(self, out, ref) -> float:
+        ref = ref.float()
+        return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+# ---------------------------------------------------------------------------------------
+# The module-level entry point.
+
+
+def detect_gpu() -> Gpu | None:
+    """The target record of the current CUDA device (None if unknown or no CUDA)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        name = torch.cuda.get_device_name().lower()
+    except Exception:
+        return None
+    for key, gpu in GPUS.items():
+        if key in name:
+            return gpu
+    return None
+
+
+def default_db_path(gpu: Gpu) -> Path | None:
+    """``$L2GEN_DB`` if set, else the database shipped in the package for this GPU."""
+    env = os.environ.get("L2GEN_DB")
+    if env:
+        return Path(env)
+    try:
+        shipped = importlib.resources.files("l2gen").joinpath("data", f"kernels_{gpu.name}.db")
+        if shipped.is_file():
+            return Path(str(shipped))
+    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
+        pass
+    return None
+
+
+_dispatchers: dict = {}
+_dispatchers_lock = threading.Lock()
+
+
+def _dispatcher_for(db) -> Dispatcher:
+    key = db if db is None or isinstance(db, (str, Path)) else id(db)
+    d = _dispatchers.get(key)
+    if d is None:
+        with _dispatchers_lock:
+            d = _dispatchers.get(key)
+            if d is None:
+                gpu = detect_gpu()
+                source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
+                d = Dispatcher(source, gpu)
+                _dispatchers[key] = d
+    return d
+
+
+def matmul(a, b, out=None, *, db: KernelDB | str | Path | None = None):
+    """``a @ b`` for 2-D fp16 torch tensors on the GPU, by the best tuned kernel.
+
+    ``db``: a kernel database (object or path); default ``$L2GEN_DB`` or the one shipped
+    for this GPU. Anything not served (other dtypes, layouts, devices, shapes with no
+    winning program) goes to ``torch.matmul``.
+    """
+    return _dispatcher_for(db)(a, b, out)

@@ -1,0 +1,181 @@
+"""The tuning loop: propose, measure, persist, learn; shape by shape, resumable.
+
+Every measurement goes into the kernel database the moment it lands, so an interrupted
+run loses nothing: the next run with the same database loads each shape's history,
+counts it against the budget and goes on from there.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ..ir import Program
+from ..targets import Gpu
+from .base import REWARD_FAILED, REWARD_REJECTED, Measurement, Policy, Proposal, Shape, program_key, reward
+from .evaluate import Evaluator, unserved
+
+__all__ = ["REWARD_FAILED", "REWARD_REJECTED", "reward", "tune", "ShapeResult", "TuneSummary"]
+
+MAX_STALLS = 3  # batches in a row with nothing new to measure before a shape gives up
+
+
+@dataclass
+class ShapeResult:
+    """What tuning one shape found. ``curve[i]`` is the best speedup after ``i + 1``
+    measured candidates (0.0 before the first verified one), resumed ones included."""
+
+    shape: Shape
+    best_program: Program | None = None
+    best_speedup: float | None = None
+    best_time_us: float | None = None
+    curve: list[float] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    resumed: int = 0  # measurements loaded from the database at the start
+    note: str = ""
+
+    @property
+    def measured(self) -> int:
+        return len(self.curve)
+
+    def record(self, m: Measurement) -> None:
+        self.counts[m.status] += 1
+        s = m.speedup
+        if s is not None and (self.best_speedup is None or s > self.best_speedup):
+            self.best_program, self.best_speedup, self.best_time_us = m.program, s, m.time_us
+        self.curve.append(self.best_speedup or 0.0)
+
+
+@dataclass
+class TuneSummary:
+    gpu: str
+    policy: str
+    budget: int
+    results: dict[Shape, ShapeResult] = field(default_factory=dict)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+    def table(self) -> str:
+        """A plain-text table, one line per shape."""
+        lines = [f"{'shape':>20}  {'measured':>8}  {'best':>7}  {'time_us':>9}  statuses"]
+        for r in self.results.values():
+            best = f"{r.best_speedup:.3f}x" if r.best_speedup else "-"
+            t = f"{r.best_time_us:.2f}" if r.best_time_us else "-"
+            lines.append(f"{str(r.shape):>20}  {r.measured:>8}  {best:>7}  {t:>9}  {_counts(r.counts)}")
+        return "\n".join(lines)
+
+
+def _counts(counts: Counter) -> str:
+    return " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def _reporter(progress) -> Callable[[str], None]:
+    if progress is None or progress is False:
+        return lambda line: None
+    if progress is True:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    return progress
+
+
+def tune(
+    shapes: Iterable[Shape | str],
+    policy: Policy,
+    evaluator: Evaluator,
+    db,
+    *,
+    budget: int,
+    batch: int = 8,
+    gpu: Gpu,
+    progress: bool | Callable[[str], None] | None = True,
+) -> TuneSummary:
+    """Tune each shape until ``budget`` candidates are measured for it (across runs).
+
+    ``db`` is a :class:`l2gen.db.KernelDB`; every measurement is written to it as it
+    lands, and the history already there for a shape counts against the budget (and is
+    shown to the policy first), so rerunning an interrupted command resumes it. Rewards:
+    log(speedup) for a verified program, :data:`REWARD_FAILED` for a build, launch or
+    verification failure or a timeout, :data:`REWARD_REJECTED` for a checker rejection.
+    ``progress``: True prints a line per batch on stderr, a callable gets the lines.
+    Ctrl-C ends the run cleanly (the summary says ``interrupted``).
+    """
+    shapes = list(dict.fromkeys(Shape.parse(s) if isinstance(s, str) else s for s in shapes))
+    if not shapes:
+        raise ValueError("nothing to tune: the shape suite is empty")
+    if not isinstance(budget, int) or budget <= 0:
+        raise ValueError(f"budget must be a positive number of measured candidates per shape, got {budget!r}")
+    if not isinstance(batch, int) or batch <= 0:
+        raise ValueError(f"batch must be a positive number of candidates, got {batch!r}")
+    for shape in shapes:
+        why = unserved(shape)
+        if why:
+            raise ValueError(f"cannot tune {shape}: {why}")
+    if evaluator.gpu.name != gpu.name:
+        raise ValueError(f"the evaluator measures on {evaluator.gpu.name} but tuning targets {gpu.name}")
+    db.check_gpu(gpu)
+    say = _reporter(progress)
+    env = dict(getattr(evaluator, "env", None) or {})
+    summary = TuneSummary(gpu.name, policy.name, budget)
+    start = time.monotonic()
+    say(f"[tune] {len(shapes)} shape(s) on {gpu.name}, policy {policy.name}, budget {budget} per shape, batch {batch}, db {getattr(db, 'path', db)}")
+    try:
+        for shape in shapes:
+            result = ShapeResult(shape)
+            summary.results[shape] = result
+            _tune_shape(shape, result, policy, evaluator, db, budget, batch, gpu, env, say, start)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        kept = sum(r.measured for r in summary.results.values())
+        say(f"[tune] interrupted: all {kept} measurements so far are in {getattr(db, 'path', 'the database')}; run the same command again to resume")
+    summary.seconds = time.monotonic() - start
+    return summary
+
+
+def _tune_shape(shape: Shape, result: ShapeResult, policy: Policy, evaluator: Evaluator, db, budget: int, batch: int, gpu: Gpu, env: dict, say, start: float) -> None:
+    history: list[Measurement] = list(db.history(gpu, shape))
+    for m in history:
+        result.record(m)
+    result.resumed = len(history)
+    # Show the policy what earlier runs measured, as if it had proposed it.
+    for i in range(0, len(history), batch):
+        chunk = history[i : i + batch]
+        policy.update(shape, [(Proposal(m.program, "from the database", {"kind": "history"}), m) for m in chunk])
+    if history:
+        say(f"[tune] {shape}: resuming with {len(history)} measurement(s) from the database")
+    seen = {program_key(m.program) for m in history}
+    stalls = 0
+    while len(history) < budget:
+        want = min(batch, budget - len(history))
+        fresh: list[Proposal] = []
+        for p in policy.propose(shape, list(history), want):
+            key = program_key(p.program)
+            if key not in seen and len(fresh) < want:
+                seen.add(key)
+                fresh.append(p)
+        if not fresh:
+            stalls += 1
+            if stalls >= MAX_STALLS:
+                result.note = f"stopped at {len(history)}/{budget}: the policy proposed nothing new"
+                say(f"[tune] {shape}: {result.note}")
+                return
+            continue
+        stalls = 0
+        landed: dict[int, Measurement] = {}
+
+        def land(i: int, m: Measurement) -> None:
+            if i in landed:
+                return
+            db.add(m, gpu, policy.name, env)
+            landed[i] = m
+            history.append(m)
+            result.record(m)
+
+        measured = evaluator.evaluate(shape, fresh, land)
+        for i, m in enumerate(measured):
+            land(i, m)
+        policy.update(shape, [(fresh[i], landed[i]) for i in range(len(fresh))])
+        best = f"{result.best_speedup:.3f}x" if result.best_speedup else "-"
+        say(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  best {best:>7}  {_counts(result.counts)}  ({time.monotonic() - start:.1f} s)")
+

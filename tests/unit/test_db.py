@@ -1,0 +1,196 @@
+"""The kernel database: round trips, best per shape, GPU ownership, corrupt files."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+
+import pytest
+
+from l2gen.db import DatabaseError, GpuMismatchError, KernelDB, SCHEMA_VERSION
+from l2gen.ir import BLayout, Family
+from l2gen.printer import format_program
+from l2gen.search.base import Measurement, Shape, program_key
+from l2gen.space import assemble
+from l2gen.targets import GPUS
+
+H200, A100 = GPUS["h200"], GPUS["a100"]
+SHAPE = Shape(64, 4096, 4096)
+
+
+def program(bm=128, bn=128, layout=BLayout.KN, **choices):
+    return assemble(Family.SM90, dict(bm=bm, bn=bn, bk=64, **choices), b_layout=layout)
+
+
+def ok(p, time_us, baseline_us=20.0, shape=SHAPE):
+    return Measurement(shape, p, "ok", time_us=time_us, baseline_us=baseline_us, relerr=2e-4)
+
+
+@pytest.fixture
+def db(tmp_path):
+    with KernelDB(tmp_path / "k.db") as d:
+        yield d
+
+
+def test_add_history_best(db):
+    p1, p2, p3 = program(128, 128), program(128, 256), program(64, 128, mainloop="pingpong")
+    db.add(ok(p1, 25.0), H200, "random", {"nvcc": "13.0"})
+    db.add(ok(p2, 16.0), H200, "embedded")
+    db.add(Measurement(SHAPE, p3, "build_error", error="nvcc: boom"), H200, "embedded")
+    db.add(ok(program(256, 128), 10.0, shape=Shape(1, 2, 8)), H200)
+    hist = db.history(H200, SHAPE)
+    assert [m.status for m in hist] == ["ok", "ok", "build_error"]
+    assert hist[1].program == p2 and hist[1].speedup == pytest.approx(20 / 16)
+    assert hist[2].error == "nvcc: boom"
+    best = db.best(H200, SHAPE)
+    assert best is not None
+    assert best[0] == p2 and best[1] == pytest.approx(1.25) and best[2] == 16.0
+    assert db.best(H200, Shape(8, 8, 8)) is None
+    assert db.best(H200, SHAPE, b_layout=BLayout.NK) is None
+    everything = db.best_all(H200)
+    assert set(everything) == {SHAPE, Shape(1, 2, 8)}
+    assert db.count() == 4 and db.count(H200) == 4
+
+
+def test_best_view_is_per_arch(db):
+    sm80 = assemble(Family.SM80, dict(bm=64, bn=64, bk=64))
+    db.add(ok(sm80, 30.0), H200)
+    db.add(ok(program(), 18.0), H200)
+    db.add(ok(program(128, 256), 22.0), H200)
+    conn = sqlite3.connect(db.path)
+    rows = conn.execute("SELECT arch, time_us FROM best WHERE m = 64 ORDER BY arch").fetchall()
+    conn.close()
+    assert rows == [("sm80", 30.0), ("sm90a", 18.0)]
+
+
+def test_program_key_ignores_the_name(db):
+    p = program()
+    renamed = p.__class__(**{**p.__dict__, "name": "other_name"})
+    assert program_key(p) == program_key(renamed)
+    assert program_key(p) != program_key(p.with_knobs(swizzle=2))
+    db.add(ok(renamed, 12.0), H200)
+    stored = sqlite3.connect(db.path).execute("SELECT program_text, program_key FROM measurements").fetchone()
+    assert stored == (format_program(renamed), program_key(p))
+
+
+def test_meta_records_schema_and_gpu(db):
+    db.add(ok(program(), 10.0), H200)
+    conn = sqlite3.connect(db.path)
+    meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    conn.close()
+    assert meta == {"schema_version": str(SCHEMA_VERSION), "gpu": "h200"}
+    assert db.gpu == "h200"
+
+
+def test_wrong_gpu_is_refused(tmp_path):
+    path = tmp_path / "k.db"
+    with KernelDB(path) as d:
+        d.add(ok(program(), 10.0), H200)
+    with KernelDB(path) as d:
+        with pytest.raises(GpuMismatchError, match="measured on h200, not a100"):
+            d.check_gpu(A100)
+        with pytest.raises(GpuMismatchError):
+            d.add(ok(program(), 10.0), A100)
+        with pytest.warns(UserWarning, match="h200, not a100"):
+            assert d.check_gpu(A100, strict=False) is False
+        assert d.check_gpu(H200) is True
+        assert d.count() == 1
+
+
+def test_garbage_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "kernels.db"
+    path.write_bytes(b"this is not sqlite at all \x00\x01\x02" * 200)
+    with pytest.raises(DatabaseError, match="kernels.db"):
+        KernelDB(path)
+    with pytest.raises(DatabaseError, match="kernels.db"):
+        KernelDB(path, readonly=True)
+
+
+def test_foreign_sqlite_file_is_refused(tmp_path):
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(DatabaseError, match="not an l2gen kernel database"):
+        KernelDB(path)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "k.db"
+    KernelDB(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(DatabaseError, match="schema version 99"):
+        KernelDB(path)
+
+
+def test_missing_readonly_file(tmp_path):
+    with pytest.raises(DatabaseError, match="no such kernel database"):
+        KernelDB(tmp_path / "absent.db", readonly=True)
+
+
+def test_export_import_round_trip(tmp_path):
+    src = KernelDB(tmp_path / "a.db")
+    src.add(ok(program(), 16.0), H200, "embedded", {"nvcc": "13.0", "cutlass": "4.2.0"})
+    src.add(Measurement(SHAPE, program(128, 256), "wrong", baseline_us=20.0, relerr=0.3, error="relerr 0.3"), H200, "random")
+    src.add(ok(program(64, 128, mainloop="pingpong"), 9.0, 10.0, Shape(1024, 1024, 1024)), H200)
+    n = src.export_json(tmp_path / "a.json")
+    assert n == 3
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["gpu"] == "h200" and doc["measurements"][0]["env"] == {"cutlass": "4.2.0", "nvcc": "13.0"}
+
+    dst = KernelDB(tmp_path / "b.db")
+    assert dst.import_json(tmp_path / "a.json") == 3
+    assert dst.import_json(tmp_path / "a.json") == 0  # idempotent
+    assert [(m.program, m.status, m.time_us, m.error) for m in dst.history(H200, SHAPE)] == [
+        (m.program, m.status, m.time_us, m.error) for m in src.history(H200, SHAPE)
+    ]
+    assert dst.best_all(H200) == src.best_all(H200)
+    assert dst.gpu == "h200"
+
+    other = KernelDB(tmp_path / "c.db")
+    other.add(ok(program(), 10.0), A100)
+    with pytest.raises(GpuMismatchError):
+        other.import_json(tmp_path / "a.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(DatabaseError, match="bad.json"):
+        dst.import_json(tmp_path / "bad.json")
+    for d in (src, dst, other):
+        d.close()
+
+
+def test_one_connection_per_thread(db):
+    db.add(ok(program(), 10.0), H200)
+    errors, conns = [], []
+
+    def work(i):
+        try:
+            db.add(ok(program(128, 256, swizzle=i % 4), 10.0 + i), H200)
+            conns.append(db._conn())
+            assert db.history(H200, SHAPE)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({id(c) for c in conns}) == 4
+    assert db.count() == 5
+    assert sqlite3.connect(db.path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_readonly_lookup(tmp_path):
+    path = tmp_path / "k.db"
+    with KernelDB(path) as d:
+        d.add(ok(program(), 10.0), H200)
+    with KernelDB(path, readonly=True) as ro:
+        assert ro.best(H200, SHAPE) is not None
+        with pytest.raises(DatabaseError, match="read-only"):
+            ro.add(ok(program(), 10.0), H200)

@@ -1,0 +1,222 @@
+"""The dispatcher on the CPU: numpy arrays, a fake launcher, a real kernel database."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from l2gen import dispatch
+from l2gen.db import KernelDB
+from l2gen.dispatch import Dispatcher, bucket, default_db_path
+from l2gen.ir import BLayout, Family
+from l2gen.search.base import Measurement, Shape
+from l2gen.space import assemble
+from l2gen.targets import GPUS
+
+H200, A100 = GPUS["h200"], GPUS["a100"]
+
+
+def numpy_matmul(a, b, out=None):
+    c = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    if out is None:
+        return c
+    out[...] = c
+    return out
+
+
+class FakeLauncher:
+    """Runs the GEMM with numpy; can fail to load, return an error code, or be wrong."""
+
+    def __init__(self, *, fail_load=False, rc=0, wrong=False, raises=False):
+        self.fail_load, self.rc, self.wrong, self.raises = fail_load, rc, wrong, raises
+        self.loads: list = []
+        self.launches: list = []
+        self.workspaces: list = []
+
+    def load(self, program, gpu):
+        self.loads.append(program)
+        if self.fail_load:
+            raise RuntimeError("nvcc failed")
+        return ("kernel", program.name)
+
+    def workspace(self, kernel, m, n, k, knobs, like):
+        self.workspaces.append((m, n, k, knobs))
+        return bytearray(16)
+
+    def eligible(self, a, b, out):
+        ok = a.dtype == np.float16 and b.dtype == np.float16 and a.flags.c_contiguous and b.flags.c_contiguous
+        return bool(ok and (out is None or (out.dtype == np.float16 and out.flags.c_contiguous)))
+
+    def empty(self, like, m, n):
+        return np.empty((m, n), dtype=like.dtype)
+
+    def launch(self, kernel, a, b, out, m, n, k, knobs, workspace):
+        self.launches.append((kernel, m, n, k, knobs))
+        if self.raises:
+            raise OSError("segfault-ish")
+        if self.rc:
+            return self.rc
+        out[...] = numpy_matmul(a, b)
+        if self.wrong:
+            out[0, 0] += 1000
+        return 0
+
+    def capturing(self):
+        return False
+
+    def relerr(self, out, ref):
+        ref = ref.astype(np.float64)
+        return float(np.linalg.norm(out.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def program(bm=128, bn=128, **choices):
+    return assemble(Family.SM90, dict(bm=bm, bn=bn, bk=64, **choices))
+
+
+@pytest.fixture
+def db(tmp_path):
+    d = KernelDB(tmp_path / "k.db")
+    d.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=8.0, baseline_us=10.0), H200)
+    d.add(Measurement(Shape(64, 256, 512), program(128, 256, swizzle=2), "ok", time_us=9.0, baseline_us=10.0), H200)
+    d.add(Measurement(Shape(128, 128, 128), program(128, 64), "ok", time_us=12.0, baseline_us=10.0), H200)  # slower
+    d.add(Measurement(Shape(1024, 1024, 1024), program(256, 128), "ok", time_us=8.0, baseline_us=10.0), H200)
+    nk = assemble(Family.SM90, dict(bm=128, bn=128, bk=64), b_layout=BLayout.NK)
+    d.add(Measurement(Shape(32, 32, 32), nk, "ok", time_us=5.0, baseline_us=10.0), H200)
+    yield d
+    d.close()
+
+
+def arrays(m, n, k, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, k)).astype(np.float16), rng.standard_normal((k, n)).astype(np.float16)
+
+
+def make(db, launcher, **kw):
+    return Dispatcher(db, H200, launcher=launcher, fallback=numpy_matmul, **kw)
+
+
+def test_exact_shape_is_served_by_its_best_program(db):
+    fake = FakeLauncher()
+    d = make(db, fake)
+    a, b = arrays(64, 256, 512)
+    c = d(a, b)
+    assert np.array_equal(c, numpy_matmul(a, b))
+    assert d.served_by(64, 256, 512) == program(128, 128).name
+    out = np.empty((64, 256), np.float16)
+    assert d(a, b, out=out) is out and np.array_equal(out, c)
+    assert len(fake.loads) == 1 and len(fake.launches) == 2 and len(fake.workspaces) == 1
+
+
+def test_library_is_loaded_once_per_program(db, tmp_path):
+    db.add(Measurement(Shape(64, 512, 512), program(128, 128, raster="along_n"), "ok", time_us=7.0, baseline_us=10.0), H200)
+    fake = FakeLauncher()
+    d = make(db, fake)
+    for m, n, k in ((64, 256, 512), (64, 512, 512)):
+        d(*arrays(m, n, k))
+    assert len(fake.loads) == 1  # knob variants share one library
+    assert [l[4].raster.value for l in fake.launches] == ["heuristic", "along_n"]
+
+
+def test_nearby_shape_and_fallbacks(db):
+    fake = FakeLauncher()
+    d = make(db, fake)
+    # 1000x1000x1000 shares the 1024^3 bucket
+    assert bucket(Shape(1000, 1000, 1000)) == bucket(Shape(1024, 1024, 1024))
+    plan = d.plan(1000, 1000, 1000)
+    assert plan is not None and not plan.exact and plan.tuned_for == Shape(1024, 1024, 1024)
+    a, b = arrays(1000, 1000, 1000)
+    assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    assert d.served_by(1000, 1000, 1000) == program(256, 128).name
+    # measured on the exact shape and cuBLAS won: the fallback
+    assert d.plan(128, 128, 128) is None
+    # nothing near; K not a multiple of 8; a program only for B stored N x K
+    assert d.plan(4096, 16, 8) is None
+    assert d.plan(64, 256, 500) is None
+    assert d.plan(32, 32, 32) is None
+    a, b = arrays(64, 256, 500)
+    assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    assert d.served_by(64, 256, 500) == "fallback"
+    assert len(fake.launches) == 1
+
+
+@pytest.mark.parametrize(
+    "launcher, why",
+    [
+        (FakeLauncher(fail_load=True), "cannot use"),
+        (FakeLauncher(rc=3), "status 3"),
+        (FakeLauncher(raises=True), "launch raised"),
+        (FakeLauncher(wrong=True), "disagrees"),
+    ],
+)
+def test_failures_fall_back_and_log_once(db, launcher, why, caplog):
+    d = make(db, launcher)
+    a, b = arrays(64, 256, 512)
+    with caplog.at_level(logging.WARNING, logger="l2gen.dispatch"):
+        for _ in range(3):
+            assert np.array_equal(d(a, b), numpy_matmul(a, b))
+        out = np.empty((64, 256), np.float16)
+        assert d(a, b, out=out) is out and np.array_equal(out, numpy_matmul(a, b))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and why in warnings[0].getMessage() and "64x256x512" in warnings[0].getMessage()
+    assert d.served_by(64, 256, 512) == "fallback"
+    assert len(launcher.launches) <= 1
+
+
+def test_wrong_first_result_writes_the_reference_into_out(db):
+    d = make(db, FakeLauncher(wrong=True))
+    a, b = arrays(64, 256, 512)
+    out = np.zeros((64, 256), np.float16)
+    assert d(a, b, out=out) is out
+    assert np.array_equal(out, numpy_matmul(a, b))
+
+
+def test_ineligible_operands_use_the_fallback(db):
+    fake = FakeLauncher()
+    d = make(db, fake)
+    a, b = arrays(64, 256, 512)
+    assert np.array_equal(d(a.astype(np.float32), b.astype(np.float32)), numpy_matmul(a, b))
+    bt = np.asfortranarray(b)
+    assert np.array_equal(d(a, bt), numpy_matmul(a, b))
+    assert fake.launches == []
+    assert d.served_by(64, 256, 512) != "fallback"  # the shape itself stays served
+    with pytest.raises(ValueError, match="A is 64 x 512 but B is 500 x 256"):
+        d(a, np.zeros((500, 256), np.float16))
+
+
+def test_no_db_or_other_gpu_means_fallback(db, tmp_path):
+    fake = FakeLauncher()
+    d = Dispatcher(None, H200, launcher=fake, fallback=numpy_matmul)
+    a, b = arrays(64, 256, 512)
+    assert np.array_equal(d(a, b), numpy_matmul(a, b)) and fake.loads == []
+    d = Dispatcher(db, None, launcher=fake, fallback=numpy_matmul)
+    assert d.plan(64, 256, 512) is None
+    with pytest.warns(UserWarning, match="not a100"):
+        d = Dispatcher(db, A100, launcher=fake, fallback=numpy_matmul)
+    assert d.plan(64, 256, 512) is None
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"\x00garbage" * 100)
+    d = Dispatcher(garbage, H200, launcher=fake, fallback=numpy_matmul)
+    assert d.db is None and np.array_equal(d(a, b), numpy_matmul(a, b))
+
+
+def test_default_db_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("L2GEN_DB", str(tmp_path / "mine.db"))
+    assert default_db_path(H200) == tmp_path / "mine.db"
+    monkeypatch.delenv("L2GEN_DB")
+    shipped = default_db_path(H200)
+    assert shipped is None or shipped.name == "kernels_h200.db"
+
+
+def test_module_matmul_caches_a_dispatcher_per_db(db, monkeypatch):
+    monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "_dispatchers", {})
+    fake = FakeLauncher()
+    monkeypatch.setattr(dispatch, "TorchLauncher", lambda: fake)
+    monkeypatch.setattr(dispatch, "_torch_matmul", numpy_matmul)
+    a, b = arrays(64, 256, 512)
+    c = dispatch.matmul(a, b, db=db)
+    assert np.array_equal(c, numpy_matmul(a, b))
+    dispatch.matmul(a, b, db=db)
+    assert len(dispatch._dispatchers) == 1 and len(fake.loads) == 1 and len(fake.launches) == 2
