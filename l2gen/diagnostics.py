@@ -17,7 +17,8 @@ class Diagnostic:
     severity: str = "error"  # "error" or "warning"
 
     def __str__(self) -> str:
-        return f"{self.span}: {self.code}: {self.message}"
+        where = "l2gen" if self.span is NOWHERE else str(self.span)
+        return f"{where}: {self.code}: {self.message}"
 
     @property
     def is_error(self) -> bool:

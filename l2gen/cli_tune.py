@@ -1,0 +1,144 @@
+"""``l2gen tune`` and ``l2gen db``: the search and its database on the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .diagnostics import Diagnostic, DiagnosticError
+
+EXIT_OK, EXIT_FAIL = 0, 1
+
+
+def _eprint(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def _fail(code: str, message: str) -> DiagnosticError:
+    return DiagnosticError([Diagnostic(code, message)])
+
+
+def _policy(args):
+    from .search.policies import EmbeddedPolicy, RandomPolicy
+
+    if args.policy == "random":
+        return RandomPolicy(args.gpu, seed=args.seed)
+    if args.policy == "embedded":
+        if args.policy_state and Path(args.policy_state).exists():
+            try:
+                return EmbeddedPolicy.load(args.policy_state, gpu=args.gpu)
+            except (OSError, ValueError) as exc:
+                raise _fail("E-POLICY", f"{args.policy_state}: {exc}") from None
+        return EmbeddedPolicy(args.gpu, seed=args.seed)
+    from .search.llm import LLMConfig, LLMConfigError, LLMPolicy
+
+    try:
+        config = LLMConfig.from_env(base_url=args.llm_base_url, model=args.llm_model, mode=args.llm_mode)
+    except LLMConfigError as exc:
+        raise _fail("E-LLM", str(exc)) from None
+    return LLMPolicy(config, args.gpu, seed=args.seed)
+
+
+def _evaluator(args):
+    from .search.evaluate import DeviceEvaluator, SimulatedEvaluator, worker_runner
+
+    if args.simulate:
+        return SimulatedEvaluator(args.gpu)
+    from .baselines import ShimError, build_shim
+    from .runtime import device_count
+    from .worker import Worker
+
+    if device_count() == 0:
+        raise _fail("E-GPU", "no CUDA GPU found; use --simulate to run the search against the analytic model")
+    try:
+        shim = str(build_shim())
+    except ShimError as exc:
+        raise _fail("E-BASELINE", f"cannot build the cuBLAS baseline shim: {exc}") from None
+    progress = (lambda d, t, r: _eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
+    return DeviceEvaluator(args.gpu, worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps), jobs=args.jobs, progress=progress)
+
+
+def cmd_tune(args, shapes_of) -> int:
+    from .db import DatabaseError, KernelDB
+    from .search.loop import tune
+
+    shapes = shapes_of(args)
+    if args.budget <= 0:
+        raise _fail("E-BUDGET", f"--budget must be a positive number of measured candidates per shape, got {args.budget}")
+    policy = _policy(args)
+    evaluator = _evaluator(args)
+    try:
+        db = KernelDB(args.db)
+        summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu)
+    except DatabaseError as exc:
+        raise _fail("E-DB", str(exc)) from None
+    except ValueError as exc:
+        raise _fail("E-TUNE", str(exc)) from None
+    except Exception as exc:  # an LLM policy that cannot go on (auth, unknown model, ...)
+        if type(exc).__name__ != "LLMError":
+            raise
+        _eprint(f"[tune] the LLM policy stopped: {exc}; every measurement so far is in {args.db}")
+        return EXIT_FAIL
+    print(summary.table())
+    if hasattr(policy, "stats"):
+        print("llm usage:", json.dumps(policy.stats.as_dict()))
+    if args.policy == "embedded" and args.policy_state:
+        policy.save(args.policy_state)
+        print(f"policy state: {args.policy_state}")
+    if args.curves:
+        curves = {str(s): r.curve for s, r in summary.results.items()}
+        Path(args.curves).write_text(json.dumps({"policy": args.policy, "gpu": args.gpu.name, "budget": args.budget, "curves": curves}, indent=1))
+    return EXIT_OK if not summary.interrupted else 130
+
+
+def cmd_db(args) -> int:
+    from .db import DatabaseError, KernelDB
+    from .printer import format_program
+
+    try:
+        db = KernelDB(args.db, readonly=args.action in ("show", "export"))
+        if args.action == "show":
+            best = db.best_all(args.gpu)
+            print(f"{args.db}: {db.count()} measurements, best programs for {len(best)} shapes on {args.gpu.name}")
+            for shape, (program, speedup, time_us) in sorted(best.items()):
+                print(f"  {str(shape):>20}  {time_us:9.1f} us  {speedup:5.2f}x  {program.name}")
+                if args.verbose:
+                    print("    " + format_program(program).replace("\n", "\n    "))
+        elif args.action == "export":
+            n = db.export_json(args.file)
+            print(f"exported {n} measurements to {args.file}")
+        else:
+            n = db.import_json(args.file)
+            print(f"imported {n} measurements from {args.file}")
+    except DatabaseError as exc:
+        raise _fail("E-DB", str(exc)) from None
+    return EXIT_OK
+
+
+def add_commands(sub, shapes_of) -> None:
+    p = sub.add_parser("tune", help="search for the fastest programs per shape (RL over the DSL)")
+    p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
+    p.add_argument("--suite", help="a suite JSON file")
+    p.add_argument("--budget", type=int, default=32, help="measured candidates per shape")
+    p.add_argument("--batch", type=int, default=8, help="candidates proposed per step")
+    p.add_argument("--policy", choices=("embedded", "random", "llm"), default="embedded")
+    p.add_argument("--policy-state", help="embedded policy state (JSON): loaded if present, saved after the run")
+    p.add_argument("--db", default="l2gen-kernels.db", help="kernel database (SQLite); resumes from it")
+    p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("-j", "--jobs", type=int, default=None)
+    p.add_argument("--curves", help="write best-so-far curves (JSON) here")
+    p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    p.add_argument("--llm-model", help="model name (default: $L2GEN_LLM_MODEL)")
+    p.add_argument("--llm-mode", choices=("auto", "responses_grammar", "chat_grammar", "text"), default=None)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=lambda args: cmd_tune(args, shapes_of))
+
+    p = sub.add_parser("db", help="show, export or import a kernel database")
+    p.add_argument("action", choices=("show", "export", "import"))
+    p.add_argument("--db", default="l2gen-kernels.db")
+    p.add_argument("file", nargs="?", help="JSON file for export/import")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_db)
