@@ -77,11 +77,15 @@ def test_nk_layout_baselines_verify(worker, shim):
             assert b["relerr"] < 1e-3
 
 
-def test_measurement_reproduces(worker, shim):
+def test_ratios_reproduce(worker, shim):
+    """What l2gen reports is a ratio against cuBLAS measured in the same run; absolute
+    times drift with clocks between runs (seen: 179.7 vs 187.4 us for one cuBLAS call
+    at 4096^3 in two runs a minute apart), ratios must not."""
     from l2gen.timing import reproducible
 
     first = run(worker, shim, 4096, 4096, 4096)
     second = run(worker, shim, 4096, 4096, 4096)
-    for name in ("cublas", "cublaslt_autotuned"):
-        a, b = first[name]["time_us"], second[name]["time_us"]
+    for name in ("cublas_tt", "cublaslt_autotuned"):
+        a = first[name]["time_us"] / first["cublas"]["time_us"]
+        b = second[name]["time_us"] / second["cublas"]["time_us"]
         assert reproducible(a, b), (name, a, b)
