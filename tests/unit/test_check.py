@@ -46,7 +46,7 @@ BAD = [
     (sm80("tile 128 x 128 x 64 warps 2 x 2 stages 6"), A100, "E-SMEM", "a100", 3),
     (sm80("tile 128 x 128 x 32 stages 1"), H200, "E-RANGE", "stages 1", 3),
     (sm80("tile 128 x 128 x 32 smem_swizzle 3 2 3"), H200, "E-SWIZZLE", "not supported", 3),
-    (sm80("tile 128 x 128 x 32 smem_swizzle 3 3 3"), H200, "E-SWIZZLE", "BK 32 is narrower", 3),
+    (sm80("tile 128 x 256 x 32 warps 2 x 4 min_blocks 2 stages 2"), H200, "E-REGS", "would spill", 3),
     (sm80("tile 128 x 128 x 32 splits 4"), H200, "E-SPLITS", "split_k parallel", 3),
     (sm80("tile 128 x 128 x 32 split_k parallel splits 100"), H200, "E-RANGE", "splits 100", 3),
     (sm80("tile 128 x 128 x 32 swizzle 5"), H200, "E-RANGE", "swizzle 5", 3),
