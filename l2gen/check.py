@@ -42,7 +42,7 @@ SM90_TILE_N = tuple(range(16, 257, 16))
 SM90_TILE_K = (32, 64, 128)
 SM90_CLUSTER = (1, 2, 4, 8)
 SM90_STAGES = range(2, 9)
-SM90_EPILOGUE_SMEM = 32 * 1024  # reserve for the TMA epilogue's shared storage
+SM90_MAX_ACC_PER_THREAD = 208  # at 224 ptxas serializes wgmma (C7511/C7512) and spills
 
 
 def sm80_smem_bytes(cfg: Sm80Config) -> int:
@@ -65,11 +65,37 @@ def sm80_register_estimate(cfg: Sm80Config) -> int:
     return acc + fragments + 40
 
 
-def sm90_smem_bytes(cfg: Sm90Config, stages: int) -> int:
-    """Shared memory of an sm90 kernel with an explicit stage count."""
-    mainloop = stages * (cfg.tile.m + cfg.tile.n) * cfg.tile.k * 2 + stages * 32
-    epilogue = SM90_EPILOGUE_SMEM if cfg.epilogue is Sm90Epilogue.TMA else 0
-    return mainloop + epilogue + 1024
+def _up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def sm90_stages_and_smem(cfg: Sm90Config, limit: int = 232448) -> tuple[int, int]:
+    """(stage count, shared memory bytes per CTA) of an sm90 kernel, exactly as CUTLASS
+    4.2 lays out its SharedStorage (derived from the template's builds; see the formula in
+    templates/sm90_gemm.cu.j2). With ``stages`` auto, CUTLASS carves out the epilogue and
+    fills ``limit`` with as many mainloop stages as fit."""
+    bm, bn, bk = cfg.tile.m, cfg.tile.n, cfg.tile.k
+    coop = cfg.mainloop is Mainloop.COOPERATIVE
+    if cfg.epilogue is Sm90Epilogue.TMA:
+        em = min(bm, 128 if coop else 64)
+        en = 32 if bn % 32 == 0 else 16
+        al = 512 if en == 32 else 256
+        tiles = (bm // em) * (bn // en)
+        epi_t = min(tiles, 2) * em * en * 2 + al
+        epi_p = 16 * min(tiles, 4)
+        epi_ss = _up(epi_t + epi_p, al)
+    else:
+        epi_t, epi_p, epi_ss, al = 1, 2, 1, 128
+    stages = cfg.stages or (limit - _up(epi_ss, 128)) // (_up(2 * bk * (bm + bn), 128) + 16)
+    main = stages * 2 * bk * (bm + bn)
+    align = max(128, al)
+    if cfg.mainloop is Mainloop.WS:
+        smem = _up(_up(max(main, epi_t), align) + 16 * stages + _up(epi_p, 16), align)
+    else:
+        barriers = 16 * stages + _up(epi_p, 16) + 32 + (32 if cfg.mainloop is Mainloop.PINGPONG else 0)
+        epilogue = epi_t if cfg.epilogue is Sm90Epilogue.TMA else 128
+        smem = _up(_up(barriers, align) + epilogue + main, align)
+    return stages, smem
 
 
 class _Checker:
@@ -186,21 +212,21 @@ class _Checker:
         if cm * cn > self.gpu.max_cluster:
             self.error("cluster", "E-CLUSTER", f"cluster {cm} x {cn} has {cm * cn} CTAs; {self.gpu.name} allows at most {self.gpu.max_cluster}")
         if c.mainloop is Mainloop.COOPERATIVE and t.m % 128:
-            self.error("mainloop", "E-SCHED", f"the cooperative mainloop splits BM over two warpgroups and needs BM a multiple of 128; tile BM is {t.m}")
+            self.error("mainloop", "E-SCHED", f"the cooperative mainloop splits BM over two warpgroups and needs BM of 128 or 256; tile BM is {t.m}")
         if c.scheduler is Scheduler.STREAM_K and c.mainloop is not Mainloop.COOPERATIVE:
             self.error("scheduler", "E-SCHED", "the stream-K scheduler needs 'mainloop cooperative'")
-        if self.p.b_layout is BLayout.KN and t.n % 64:
-            self.error("tile", "E-LAYOUT", f"B stored K x N (b kn) is MN-major; its TMA/wgmma tiles need BN a multiple of 64, got {t.n}")
-        acc_regs = t.m * t.n // (256 if c.mainloop is Mainloop.COOPERATIVE else 128)
-        if acc_regs > 128 * (2 if c.mainloop is Mainloop.COOPERATIVE else 1) or acc_regs > 192:
-            self.error("tile", "E-REGS", f"tile {t} needs {acc_regs} fp32 accumulators per thread; at most 192 fit beside the mainloop's registers")
-        stages = c.stages or 2
+        threads = 256 if c.mainloop is Mainloop.COOPERATIVE else 128  # threads sharing one tile's accumulators
+        acc = t.m * t.n // threads
+        if acc > SM90_MAX_ACC_PER_THREAD:
+            self.error("tile", "E-REGS", f"tile {t} needs {acc} fp32 accumulators per thread ({c.mainloop.value}); above {SM90_MAX_ACC_PER_THREAD} ptxas serializes wgmma and spills")
         if c.stages and c.stages not in SM90_STAGES:
             self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {SM90_STAGES.start}..{SM90_STAGES.stop - 1} (or auto)")
-        smem = sm90_smem_bytes(c, stages)
-        if smem > self.gpu.smem_per_block:
-            what = f"{c.stages} stages" if c.stages else "the minimum of 2 stages"
-            self.error("stages", "E-SMEM", f"{smem} bytes of shared memory ({what} of {t}) exceed the {self.gpu.smem_per_block} a block may use on {self.gpu.name}")
+            return
+        stages, smem = sm90_stages_and_smem(c, self.gpu.smem_per_block)
+        if stages < 2:
+            self.error("stages" if c.stages else "tile", "E-SMEM", f"tile {t} leaves room for {stages} pipeline stage(s) beside the epilogue in {self.gpu.smem_per_block} bytes; the mainloop needs 2")
+        elif smem > self.gpu.smem_per_block:
+            self.error("stages", "E-SMEM", f"{smem} bytes of shared memory ({stages} stages of {t}) exceed the {self.gpu.smem_per_block} a block may use on {self.gpu.name}")
 
 
 def _list(values) -> str:

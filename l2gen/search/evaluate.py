@@ -23,7 +23,7 @@ import struct
 from dataclasses import replace
 from typing import Callable, Protocol, Sequence
 
-from ..check import SM90_EPILOGUE_SMEM, check, sm80_smem_bytes
+from ..check import check, sm80_smem_bytes, sm90_stages_and_smem
 from ..diagnostics import errors
 from ..ir import (
     BLayout,
@@ -195,9 +195,7 @@ def _sm80_us(program: Program, cfg: Sm80Config, shape: Shape, gpu: Gpu) -> tuple
 
 
 def _sm90_auto_stages(cfg: Sm90Config, gpu: Gpu) -> int:
-    stage = (cfg.tile.m + cfg.tile.n) * cfg.tile.k * 2 + 32
-    epi = SM90_EPILOGUE_SMEM if cfg.epilogue is Sm90Epilogue.TMA else 0
-    return max(2, min(8, (gpu.smem_per_block - epi - 1024) // stage))
+    return max(2, min(8, sm90_stages_and_smem(cfg, gpu.smem_per_block)[0]))
 
 
 def _stream_k_mode(kn: Knobs, tiles: int, slots: int) -> str:

@@ -618,22 +618,22 @@ def rules_text(gpu: Gpu) -> str:
         f"WM, WN in {_set(r.SM80_WARPS)}; threads = 32*WM*WN <= {r.SM80_MAX_THREADS}; "
         "BM % (16*WM) == 0 and BN % (16*WN) == 0; BM*BK/8 and BN*BK/8 multiples of threads; "
         f"BM*BN/threads <= {r.SM80_MAX_ACC_PER_THREAD}; stages {r.SM80_STAGES.start}..{r.SM80_STAGES.stop - 1}; "
-        "smem_swizzle B 3 3 with B in 0..3, 8<<B <= BK (and <= BN when b kn); "
-        f"shared memory max(stages*(BM+BN)*BK*2, BM*BN*2 if epilogue smem) <= {gpu.smem_per_block} B; "
-        f"min_blocks 1..4, min_blocks*smem <= {gpu.smem_per_sm} B and "
-        f"{gpu.regs_per_sm}/(min_blocks*threads) >= BM*BN/threads + 64; "
+        "smem_swizzle B 3 3 with B in 0..3; "
+        f"shared memory max(stages*(BM+BN)*BK*2, BM*(BN+8)*2 if epilogue smem) <= {gpu.smem_per_block} B; "
+        f"min_blocks 1..4, min_blocks*threads <= 2048, min_blocks*smem <= {gpu.smem_per_sm} B; "
+        f"registers BM*BN/threads + 2*(4*BM/(16*WM) + 2*BN/(8*WN)) + 40 <= "
+        f"min(255, {gpu.regs_per_sm}/(min_blocks*threads)) - {r.SM80_REGISTER_MARGIN}; "
         "splits > 1 needs split_k parallel.",
     ]
     if Family.SM90 in gpu.families():
         lines.append(
-            f"sm90a: BM in {_set(r.SM90_TILE_M)}, BN a multiple of 16 in 16..256 (of 64 when b kn), "
+            f"sm90a: BM in {_set(r.SM90_TILE_M)}, BN a multiple of 16 in 16..256, "
             f"BK in {_set(r.SM90_TILE_K)}; cluster CM x CN x 1 with CM, CN in {_set(r.SM90_CLUSTER)} "
-            f"and CM*CN <= {gpu.max_cluster}; cooperative needs BM % 128 == 0; "
-            "accumulators per thread BM*BN/256 <= 192 (cooperative) or BM*BN/128 <= 128 (ws, pingpong); "
+            f"and CM*CN <= {gpu.max_cluster}; cooperative needs BM 128 or 256; "
+            f"accumulators per thread BM*BN/256 (cooperative) or BM*BN/128 (ws, pingpong) <= {r.SM90_MAX_ACC_PER_THREAD}; "
             f"stages auto or {r.SM90_STAGES.start}..{r.SM90_STAGES.stop - 1}; "
-            f"shared memory stages*((BM+BN)*BK*2+32) + ({r.SM90_EPILOGUE_SMEM} if epilogue tma) + 1024 "
-            f"<= {gpu.smem_per_block} B "
-            "(auto counts as 2 here); scheduler stream_k needs mainloop cooperative; "
+            f"shared memory about stages*(BM+BN)*BK*2 + the epilogue's (up to 33 KB with tma) <= {gpu.smem_per_block} B, "
+            "and auto must leave room for 2 stages; scheduler stream_k needs mainloop cooperative; "
             "splits > 1 and decomposition need scheduler stream_k."
         )
     else:

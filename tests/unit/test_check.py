@@ -53,17 +53,19 @@ BAD = [
     (sm80("tile 128 x 128 x 32 min_blocks 9"), H200, "E-RANGE", "min_blocks 9", 3),
     (sm80("tile 128 x 128 x 64 stages 4 min_blocks 2"), H200, "E-OCCUPANCY", "do not fit", 3),
     (sm90("tile 128 x 128 x 64"), A100, "E-ARCH", "does not run on a100", 2),
-    (sm90("tile 64 x 128 x 64 mainloop cooperative"), H200, "E-SCHED", "multiple of 128", 3),
+    (sm90("tile 64 x 128 x 64 mainloop cooperative"), H200, "E-SCHED", "BM of 128 or 256", 3),
+    (sm90("tile 256 x 192 x 128 mainloop cooperative"), H200, "E-SMEM", "needs 2", 3),
     (sm90("tile 128 x 128 x 64 mainloop pingpong scheduler stream_k"), H200, "E-SCHED", "stream-K", 3),
     (sm90("tile 128 x 128 x 64 cluster 4 x 4 x 1"), H200, "E-CLUSTER", "at most 8", 3),
     (sm90("tile 128 x 128 x 64 cluster 1 x 1 x 2"), H200, "E-CLUSTER", "cluster K", 3),
     (sm90("tile 128 x 128 x 64 cluster 3 x 1 x 1"), H200, "E-RANGE", "cluster M 3", 3),
-    (sm90("tile 128 x 96 x 64"), H200, "E-LAYOUT", "multiple of 64", 3),
     (sm90("tile 96 x 128 x 64"), H200, "E-RANGE", "tile BM 96", 3),
     (sm90("tile 128 x 256 x 128 stages 7"), H200, "E-SMEM", "shared memory", 3),
     (sm90("tile 128 x 128 x 64 splits 2"), H200, "E-SPLITS", "stream_k", 3),
     (sm90("tile 128 x 128 x 64 decomposition stream_k"), H200, "E-SCHED", "only to 'scheduler stream_k'", 3),
     (sm90("tile 256 x 256 x 64 mainloop cooperative"), H200, "E-REGS", "accumulators", 3),
+    (sm90("tile 128 x 256 x 64 mainloop pingpong"), H200, "E-REGS", "accumulators", 3),
+    (sm90("tile 256 x 256 x 128 mainloop cooperative epilogue direct"), H200, "E-REGS", "accumulators", 3),
 ]
 
 
