@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything one GPU-machine call needs, in one command: install the carried wheels, then
-# run the named steps in order. Results go under $OUT (the device tool's folder) or ./out.
+# run the named steps in order (info sample gputests bench bench2 tune). Results go under $OUT (the device tool's folder) or ./out.
 #
 #   bash bench/device.sh info gputests bench      # steps: info sample gputests bench tune
 #
@@ -19,6 +19,8 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+# The tree arrives without .git: the caller passes the commit it was sent from.
+export L2GEN_COMMIT=${L2GEN_COMMIT:-}
 export L2GEN_CACHE_DIR=${L2GEN_CACHE_DIR:-$PWD/.l2cache}
 L2GEN="python3 -m l2gen.cli"
 status=0
@@ -36,13 +38,17 @@ for step in "$@"; do
         --bundle "${SAMPLE_BUNDLE:-1}" -o "$OUT/sample.json" || status=1
       ;;
     gputests)
-      timeout 400 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/gputests.log" | tail -60
+      # shellcheck disable=SC2086
+      timeout "${GPUTESTS_TIMEOUT:-400}" python3 -m pytest ${GPUTESTS:-tests/gpu} -v -rs --durations=8 \
+        -p no:cacheprovider 2>&1 | tee "$OUT/gputests.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
       ;;
-    bench)
+    bench|bench2)
+      # bench2 is a second, independent run: its ratios are compared with the first's.
       # shellcheck disable=SC2086
-      $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} --suite "${BENCH_SUITE:-suites/public.json}" \
-        --reps "${BENCH_REPS:-50}" -o "$OUT/bench.json" || status=1
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} \
+        --suite "${BENCH_SUITE:-suites/public.json}" --reps "${BENCH_REPS:-50}" -o "$OUT/$step.json" \
+        2> >(tee "$OUT/$step.log" >&2) || status=1
       ;;
     tune)
       # shellcheck disable=SC2086

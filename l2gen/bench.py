@@ -267,7 +267,11 @@ def write_results(results: dict, path: Path | str) -> None:
 
 
 def git_commit() -> str | None:
-    """The sha of the checkout l2gen runs from, or None (not a checkout, no git)."""
+    """The sha of the checkout l2gen runs from, or None (not a checkout, no git).
+
+    ``$L2GEN_COMMIT`` names it where the tree was copied without its .git (a GPU machine)."""
+    if os.environ.get("L2GEN_COMMIT"):
+        return os.environ["L2GEN_COMMIT"]
     try:
         run = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                              capture_output=True, text=True, timeout=10, check=False)
