@@ -34,8 +34,10 @@ for step in "$@"; do
       python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())"
       ;;
     sample)
-      $L2GEN sample --count "${SAMPLE_COUNT:-200}" --seed "${SAMPLE_SEED:-1}" \
-        --bundle "${SAMPLE_BUNDLE:-1}" -o "$OUT/sample.json" || status=1
+      timeout "${SAMPLE_TIMEOUT:-550}" $L2GEN sample --count "${SAMPLE_COUNT:-200}" \
+        --seed "${SAMPLE_SEED:-1}" --bundle "${SAMPLE_BUNDLE:-1}" -o "$OUT/sample.json" \
+        2> "$OUT/sample.log" || status=1
+      tail -3 "$OUT/sample.log"
       ;;
     gputests)
       # shellcheck disable=SC2086

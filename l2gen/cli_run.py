@@ -69,9 +69,17 @@ def _shapes(args) -> list:
 def cmd_sample(args) -> int:
     from .sample import compile_sample, write_report
 
+    partial = {"done": 0, "total": 0, "failed": 0, "failures": []}
+
     def progress(done, total, result):
         state = "cached" if result.cached else ("ok" if result.ok else "FAILED: " + (result.error or ""))
         _eprint(f"[{done}/{total}] {result.source.program.name} {state} ({result.seconds:.0f} s)")
+        if args.out:  # a tally on disk as results land, so a run cut short still leaves evidence
+            partial.update(done=done, total=total)
+            if not result.ok:
+                partial["failed"] += 1
+                partial["failures"].append({"program": result.source.program.name, "error": result.error})
+            Path(args.out + ".partial").write_text(json.dumps(partial, indent=1))
 
     report = compile_sample(args.count, args.seed, args.gpu, jobs=args.jobs, bundle=args.bundle, timeout=args.timeout, progress=progress)
     if args.out:
