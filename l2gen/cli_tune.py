@@ -96,6 +96,8 @@ def cmd_db(args) -> int:
     from .db import DatabaseError, KernelDB
     from .printer import format_program
 
+    if args.action != "show" and not args.file:
+        raise _fail("E-USAGE", f"'l2gen db {args.action}' needs a JSON file: l2gen db {args.action} FILE --db {args.db}")
     try:
         db = KernelDB(args.db, readonly=args.action in ("show", "export"))
         if args.action == "show":

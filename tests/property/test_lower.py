@@ -1,0 +1,42 @@
+"""Properties of lowering: every valid program renders, deterministically, to a translation
+unit with the documented ABI, which the build can bundle."""
+
+from hypothesis import HealthCheck, given, settings
+
+from l2gen.build import split_includes
+from l2gen.lower import lower
+from l2gen.printer import format_program
+from l2gen.targets import GPUS
+
+from .strategies import valid_program
+
+H200 = GPUS["h200"]
+SLOW = settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+
+
+@SLOW
+@given(valid_program())
+def test_lowering_is_deterministic(program):
+    a, b = lower(program, H200), lower(program, H200)
+    assert a.code == b.code and a.entry == b.entry and a.key == b.key
+
+
+@SLOW
+@given(valid_program())
+def test_lowered_source_has_the_abi(program):
+    source = lower(program, H200)
+    for symbol in (source.entry, f"{source.entry}_workspace", f"{source.entry}_program"):
+        assert f"{symbol}(" in source.code
+    assert source.code.count('extern "C"') >= 3
+    assert format_program(program).splitlines()[0] in source.code  # the program, as a comment
+    assert "-DNDEBUG" in source.flags
+    assert ("sm_90a" in source.gencode) == (program.family.value == "sm90a")
+    includes, _body = split_includes(source.code)
+    assert any("cute" in line or "cutlass" in line for line in includes)  # hoistable for bundles
+
+
+@SLOW
+@given(valid_program(), valid_program())
+def test_different_programs_get_different_entries(p, q):
+    if format_program(p) != format_program(q):
+        assert lower(p, H200).entry != lower(q, H200).entry

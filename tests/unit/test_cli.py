@@ -1,0 +1,157 @@
+"""The command line: exit codes (0 ok, 1 diagnostics or failure, 2 usage), located errors,
+no tracebacks, and the LLM policy end to end through ``l2gen tune`` on the simulated GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from l2gen.cli import main
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.l2"))
+GOOD = "kernel k {\n  arch sm80\n  tile 64 x 64 x 32\n}\n"
+
+
+def write(tmp_path, name, text) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_every_example_checks(capsys):
+    assert len(EXAMPLES) >= 6
+    assert main(["check", *map(str, EXAMPLES)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": ok (") == len(EXAMPLES)
+
+
+def test_check_reports_location_and_exits_1(tmp_path, capsys):
+    bad = write(tmp_path, "bad.l2", "kernel k {\n  arch sm80\n  tile 100 x 64 x 32\n}\n")
+    assert main(["check", bad]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:3:3: E-RANGE: tile BM 100" in err
+    assert "Traceback" not in err
+
+
+def test_parse_error_exits_1(tmp_path, capsys):
+    bad = write(tmp_path, "bad.l2", "kernel k { arch sm80 tile 64 x 64 }")
+    assert main(["check", bad]) == 1
+    assert f"{bad}:1:35: E-PARSE" in capsys.readouterr().err
+
+
+def test_missing_file_exits_1(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nope.l2")]) == 1
+    assert "E-IO" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main([]) == 2
+    assert main(["check"]) == 2
+    assert main(["--gpu", "v100", "check", "x.l2"]) == 2
+    assert main(["frobnicate"]) == 2
+
+
+def test_target_gpu_changes_the_verdict(tmp_path, capsys):
+    sm90 = write(tmp_path, "h.l2", "kernel h { arch sm90a tile 128 x 128 x 64 }")
+    assert main(["check", sm90]) == 0
+    assert main(["--gpu", "a100", "check", sm90]) == 1
+    assert "E-ARCH" in capsys.readouterr().err
+
+
+def test_fmt_prints_canonical_and_keeps_comments(tmp_path, capsys):
+    path = write(tmp_path, "k.l2", "# what it is for\n" + GOOD)
+    assert main(["fmt", "--check", path]) == 1
+    assert main(["fmt", "-w", path]) == 0
+    text = Path(path).read_text()
+    assert text.startswith("# what it is for\nkernel k {") and "smem_swizzle 2 3 3" in text
+    assert main(["fmt", "--check", path]) == 0
+
+
+def test_compile_writes_source_and_command(tmp_path, capsys):
+    path = write(tmp_path, "k.l2", GOOD)
+    out = tmp_path / "out"
+    assert main(["compile", path, "-o", str(out)]) == 0
+    cu = (out / "k.cu").read_text()
+    assert 'extern "C"' in cu and "kernel k {" in cu
+    command = (out / "k.nvcc.sh").read_text()
+    assert "-DNDEBUG" in command and "-gencode=arch=compute_90,code=sm_90" in command
+
+
+def test_build_failure_prints_log_and_reproduce_command(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, V13.0.88'; exit 0; fi\n"
+                    "echo 'kernel.cu(12): error: something is wrong' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("L2GEN_NVCC", str(fake))
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path / "cache"))
+    path = write(tmp_path, "k.l2", GOOD)
+    assert main(["build", path]) == 1
+    err = capsys.readouterr().err
+    assert "build failed" in err and "something is wrong" in err
+    assert "reproduce with:" in err and str(fake) in err
+    assert "Traceback" not in err
+
+
+def test_tune_bad_input_is_a_clear_error(tmp_path, capsys):
+    empty = write(tmp_path, "empty.json", json.dumps({"shapes": []}))
+    assert main(["tune", "--suite", empty, "--simulate", "--db", str(tmp_path / "k.db")]) == 1
+    assert "E-SUITE" in capsys.readouterr().err
+    assert main(["tune", "--shape", "64x64x64", "--budget", "0", "--simulate"]) == 1
+    assert "E-BUDGET" in capsys.readouterr().err
+    assert main(["tune", "--shape", "64x64", "--simulate"]) == 1
+    assert "E-SHAPE" in capsys.readouterr().err
+    garbage = write(tmp_path, "bad.db", "this is not sqlite" * 100)
+    assert main(["tune", "--shape", "64x64x64", "--simulate", "--db", garbage]) == 1
+    assert "E-DB" in capsys.readouterr().err
+
+
+def test_tune_simulated_then_db_show_and_export(tmp_path, capsys):
+    db = str(tmp_path / "k.db")
+    curves = tmp_path / "curves.json"
+    assert main(["tune", "--shape", "64x4096x4096", "--budget", "8", "--simulate", "--db", db, "--curves", str(curves)]) == 0
+    assert "64x4096x4096" in capsys.readouterr().out
+    assert len(json.loads(curves.read_text())["curves"]["64x4096x4096"]) == 8
+    assert main(["db", "show", "--db", db]) == 0
+    assert "8 measurements" in capsys.readouterr().out
+    assert main(["db", "export", str(tmp_path / "k.json"), "--db", db]) == 0
+    assert main(["db", "export", "--db", db]) == 1  # no file named
+    assert "E-USAGE" in capsys.readouterr().err
+    # a rerun resumes: the budget is already spent, nothing new is measured
+    assert main(["tune", "--shape", "64x4096x4096", "--budget", "8", "--simulate", "--db", db]) == 0
+    assert main(["db", "show", "--db", db]) == 0
+    assert "8 measurements" in capsys.readouterr().out
+
+
+def test_tune_llm_policy_needs_configuration(tmp_path, monkeypatch, capsys):
+    for var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "L2GEN_LLM_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["tune", "--shape", "64x4096x4096", "--policy", "llm", "--simulate", "--db", str(tmp_path / "k.db")]) == 1
+    err = capsys.readouterr().err
+    assert "OPENAI_BASE_URL" in err and "L2GEN_LLM_MODEL" in err
+
+
+def test_tune_llm_policy_end_to_end_against_a_loopback_server(tmp_path, monkeypatch, capsys):
+    from .test_llm import FakeOpenAI, distinct, fenced
+
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    server = FakeOpenAI()
+    try:
+        server.default = distinct(fenced)
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        monkeypatch.setenv("L2GEN_LLM_MODEL", "fake-model")
+        db = str(tmp_path / "k.db")
+        rc = main(["tune", "--shape", "128x4096x4096", "--budget", "4", "--batch", "2", "--policy", "llm",
+                   "--llm-mode", "text", "--simulate", "--db", db])
+        assert rc == 0
+        out = capsys.readouterr().out
+        assert "128x4096x4096" in out and "llm usage:" in out
+        assert main(["db", "show", "--db", db]) == 0
+        assert "4 measurements" in capsys.readouterr().out
+    finally:
+        server.close()
