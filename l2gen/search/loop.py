@@ -150,8 +150,13 @@ def _tune_shape(shape: Shape, result: ShapeResult, policy: Policy, evaluator: Ev
         want = min(batch, budget - len(history))
         fresh: list[Proposal] = []
         for p in policy.propose(shape, list(history), want):
+            if len(fresh) >= want:
+                break
+            if p.meta.get("rejected"):  # already diagnosed by the policy (e.g. an unparsable LLM answer)
+                fresh.append(p)
+                continue
             key = program_key(p.program)
-            if key not in seen and len(fresh) < want:
+            if key not in seen:
                 seen.add(key)
                 fresh.append(p)
         if not fresh:
@@ -172,9 +177,14 @@ def _tune_shape(shape: Shape, result: ShapeResult, policy: Policy, evaluator: Ev
             history.append(m)
             result.record(m)
 
-        measured = evaluator.evaluate(shape, fresh, land)
-        for i, m in enumerate(measured):
-            land(i, m)
+        diagnosed = [i for i, p in enumerate(fresh) if p.meta.get("rejected")]
+        for i in diagnosed:
+            text = "\n".join(fresh[i].meta.get("diagnostics") or [fresh[i].note or "rejected by the policy"])
+            land(i, Measurement(shape, fresh[i].program, "rejected", error=text))
+        pending = [i for i in range(len(fresh)) if i not in landed]
+        measured = evaluator.evaluate(shape, [fresh[i] for i in pending], lambda j, m: land(pending[j], m))
+        for j, m in enumerate(measured):
+            land(pending[j], m)
         policy.update(shape, [(fresh[i], landed[i]) for i in range(len(fresh))])
         best = f"{result.best_speedup:.3f}x" if result.best_speedup else "-"
         say(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  best {best:>7}  {_counts(result.counts)}  ({time.monotonic() - start:.1f} s)")

@@ -64,3 +64,14 @@ def test_refused_key_mid_run_keeps_the_measurements(server, tmp_path):
         with pytest.raises(LLMError, match="key revoked"):
             run(policy, db)
         assert len(db.history(H200, SHAPES[0])) == 3
+
+
+def test_every_unparsable_answer_is_recorded_with_its_diagnostics(server, tmp_path):
+    server.add(answer(""), answer(""), answer("no kernel here"), answer("still none"))
+    server.default = distinct()
+    policy = make(server)
+    with KernelDB(tmp_path / "k.db") as db:
+        summary = run(policy, db, shapes=SHAPES[:1], budget=4, batch=2)
+        assert summary.results[SHAPES[0]].counts["rejected"] == 2
+        errors = [m.error for m in db.history(H200, SHAPES[0]) if m.status == "rejected"]
+        assert len(errors) == 2 and all(e and "E-" in e for e in errors)
