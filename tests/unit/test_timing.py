@@ -173,3 +173,14 @@ def test_interleaved_flags_a_kernel_working_on_another_stream(fake):
     assert honest.median_us == 2000 and not honest.escaped
     assert sneaky.median_us == 0 and sneaky.escaped
     assert sneaky.wall_us >= 1500  # the device-wide synchronize saw the side work
+
+
+def test_escape_check_compares_the_batch_with_events_around_the_same_batch():
+    # An honest kernel slowed down back to back (clocks down under sustained load): the
+    # events around the batch see the slowdown too, so it is not flagged...
+    slowed = TimingSample("k", (1820.0,) * 30, wall_us=3662.0, host_us=26.0, batch=10, batch_event_us=3650.0)
+    assert not slowed.escaped
+    # ...while work on another stream escapes the events around the batch as well.
+    side = TimingSample("k", (2.0,) * 30, wall_us=17.0, host_us=3.0, batch=50, batch_event_us=1.5)
+    assert side.escaped
+    assert side.to_dict()["batch_event_us"] == 1.5
