@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from .diagnostics import Diagnostic
 from .ir import (
-    BLayout,
     Decomposition,
-    Family,
     Mainloop,
     Program,
     Scheduler,

@@ -41,10 +41,11 @@ def _policy(args):
 
 
 def _evaluator(args):
-    from .search.evaluate import DeviceEvaluator, SimulatedEvaluator, worker_runner
-
     if args.simulate:
+        from .search.simulate import SimulatedEvaluator
+
         return SimulatedEvaluator(args.gpu)
+    from .search.evaluate import DeviceEvaluator, worker_runner
     from .baselines import ShimError, build_shim
     from .runtime import device_count
     from .worker import Worker

@@ -4,11 +4,9 @@ no tracebacks, and the LLM policy end to end through ``l2gen tune`` on the simul
 from __future__ import annotations
 
 import json
-import os
 import stat
 from pathlib import Path
 
-import pytest
 
 from l2gen.cli import main
 

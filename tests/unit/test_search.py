@@ -14,7 +14,8 @@ from l2gen.check import is_valid
 from l2gen.db import KernelDB
 from l2gen.ir import BLayout, Family, Knobs, Raster, SplitK
 from l2gen.search.base import REWARD_FAILED, REWARD_REJECTED, Measurement, Proposal, Shape, program_key, reward
-from l2gen.search.evaluate import DeviceEvaluator, SimulatedEvaluator, build_program, cublas_model_us, model_us
+from l2gen.search.evaluate import DeviceEvaluator, build_program
+from l2gen.search.simulate import SimulatedEvaluator, cublas_model_us, model_us
 from l2gen.search.loop import tune
 from l2gen.search.policies import EmbeddedPolicy, RandomPolicy, RidgeCostModel, shape_features
 from l2gen.space import assemble, random_program

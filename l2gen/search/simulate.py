@@ -1,0 +1,295 @@
+"""The simulated GPU: an analytic cost model standing in for build and run.
+
+:class:`SimulatedEvaluator` lets the search, the policies and the database be exercised and
+compared in CI with no GPU and no compiler. It is a *model, not a measurement*: nothing it
+says is a claim about real kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from typing import Sequence
+
+from ..check import sm80_smem_bytes, sm90_stages_and_smem
+from ..ir import (
+    BLayout,
+    Decomposition,
+    Family,
+    Knobs,
+    Mainloop,
+    Program,
+    Raster,
+    Scheduler,
+    Sm80Config,
+    Sm80Epilogue,
+    Sm90Config,
+    Sm90Epilogue,
+    SplitK,
+    Tile,
+)
+from ..printer import format_program
+from ..targets import Gpu
+from .base import Measurement, Proposal, Shape
+from .evaluate import OnResult, _emit, build_program, rejected
+
+# Every constant below is a modelling choice, not a measured figure
+# (except the Gpu record's SMs, shared memory, peak and bandwidth).
+
+LAUNCH_US = 3.0  # launch + event overhead of one kernel
+LATENCY_US = 0.7  # global-memory latency a pipeline prologue waits for
+L2_TBS = 12.0  # L2 -> SM bandwidth of the whole chip
+INFLIGHT_BYTES = 64 * 1024  # bytes in flight per SM that hide the memory latency
+SM80_MMA_SYNC = 0.7  # mma.sync's share of the wgmma peak on sm_90
+MAX_THREADS_PER_SM = 2048
+SM90_SETUP_US = 0.6  # TMA descriptor prefetch, barrier init, warp-specialized role setup
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _l2_penalty(program: Program, shape: Shape, tiles_m: int, tiles_n: int, gpu: Gpu) -> float:
+    """Extra DRAM traffic (fraction) from L2 misses; raster order and block swizzle shape it.
+
+    Operands that fit comfortably in L2 are read once whatever the order; past that, a
+    swizzle group near sqrt of the smaller grid side and a raster along the longer side
+    keep the working set resident.
+    """
+    footprint = 2.0 * (shape.m * shape.k + shape.k * shape.n)
+    ratio = footprint / gpu.l2_bytes
+    if ratio <= 0.5:
+        return 0.0
+    kn = program.knobs
+    ideal = min(3, max(0, round(math.log2(max(1.0, math.sqrt(min(tiles_m, tiles_n)))))))
+    badness = 0.1 + 0.15 * abs(kn.swizzle - ideal)
+    longer_m = tiles_m >= tiles_n
+    if kn.raster is Raster.ALONG_M and not longer_m or kn.raster is Raster.ALONG_N and longer_m:
+        badness += 0.2
+    return min(2.0, ratio - 0.5) * badness
+
+
+def _pipe(stages: int, stage_bytes: int, resident: int = 1) -> float:
+    """Fraction of the L2 bandwidth a pipeline sustains, from the bytes it keeps in flight."""
+    inflight = max(1, stages - 1) * stage_bytes * resident
+    return min(1.0, 0.45 + 0.55 * inflight / INFLIGHT_BYTES)
+
+
+def _overlap(a: float, b: float, leak: float = 0.15) -> float:
+    return max(a, b) + leak * min(a, b)
+
+
+def _sm80_us(program: Program, cfg: Sm80Config, shape: Shape, gpu: Gpu) -> tuple[float, float, float]:
+    """(compute path, extra serial time, extra DRAM bytes) of an sm80 kernel."""
+    t = cfg.tile
+    kn = program.knobs
+    per_sm_flops = gpu.peak_tflops_fp16 * 1e6 / gpu.sms  # flop per microsecond
+    bw_sm = L2_TBS * 1e6 / gpu.sms  # bytes per microsecond
+    threads = cfg.threads
+    warps = threads // 32
+    acc = t.m * t.n // threads
+    smem = sm80_smem_bytes(cfg)
+    regs = min(255, acc + 72)
+    if cfg.min_blocks > 1:
+        regs = min(regs, gpu.regs_per_sm // (cfg.min_blocks * threads))
+    occ = max(1, min(gpu.smem_per_sm // max(smem, 1), MAX_THREADS_PER_SM // threads, gpu.regs_per_sm // (regs * threads), 16))
+    tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
+    splits = kn.splits if cfg.split_k is SplitK.PARALLEL else 1
+    k_iters = _ceil(_ceil(shape.k, splits), t.k)
+    units = tiles_m * tiles_n * splits
+    waves = _ceil(units, gpu.sms * occ)
+    occ = min(occ, _ceil(units, gpu.sms * waves))  # blocks actually resident per SM
+    wtm, wtn = t.m // cfg.warps[0], t.n // cfg.warps[1]
+    eff = SM80_MMA_SYNC * (1.0 - math.exp(-(wtm * wtn) / 600.0))
+    eff *= 1.0 if t.k >= 64 else 0.95
+    ideal_b = min(3, (min(t.k, 64) // 8).bit_length() - 1)
+    eff *= 0.85 ** abs(ideal_b - cfg.swizzle[0])
+    warps_sm = min(8, warps * occ)
+    eff *= {1: 0.3, 2: 0.55, 3: 0.7, 4: 0.85, 5: 0.88, 6: 0.92, 7: 0.96, 8: 1.0}[warps_sm]
+    stage_bytes = (t.m + t.n) * t.k * 2
+    pipe = _pipe(cfg.stages, stage_bytes, occ)
+    loaded = (min(t.m, shape.m) + min(t.n, shape.n)) * t.k * 2  # cp.async zero-fills the rest
+    l2 = 1.0 + 0.05 * _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
+    t_comp = occ * 2.0 * t.m * t.n * t.k / (per_sm_flops * eff)
+    t_mem = occ * loaded * l2 / (bw_sm * pipe)
+    t_epi = occ * t.m * t.n * (4 if splits > 1 else 2) / bw_sm * (1.0 if cfg.epilogue is Sm80Epilogue.SMEM else 1.8) + 0.15
+    wave = LATENCY_US + k_iters * _overlap(t_comp, t_mem) + t_epi
+    extra, extra_bytes = 0.0, 0.0
+    if splits > 1:  # fp32 partials to a workspace, then a reduction kernel
+        partials = 4.0 * shape.m * shape.n * splits
+        extra = 2.0 + (partials + 2.0 * shape.m * shape.n) / (gpu.bandwidth_tbs * 1e6)
+        extra_bytes = partials
+    return waves * wave, extra, extra_bytes
+
+
+def _sm90_auto_stages(cfg: Sm90Config, gpu: Gpu) -> int:
+    return max(2, min(8, sm90_stages_and_smem(cfg, gpu.smem_per_block)[0]))
+
+
+def _stream_k_mode(kn: Knobs, tiles: int, slots: int) -> str:
+    """What the stream-K scheduler does with these knobs (CUTLASS-like heuristic)."""
+    d = kn.decomposition
+    if d is Decomposition.HEURISTIC:
+        if kn.splits > 1:
+            return "split_k"
+        util = tiles / (_ceil(tiles, slots) * slots)
+        return "stream_k" if tiles < 2 * slots and util < 0.8 else "data_parallel"
+    return {Decomposition.DATA_PARALLEL: "data_parallel", Decomposition.SPLIT_K: "split_k", Decomposition.STREAM_K: "stream_k"}[d]
+
+
+def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple[float, float, float]:
+    t = cfg.tile
+    kn = program.knobs
+    per_sm_flops = gpu.peak_tflops_fp16 * 1e6 / gpu.sms
+    bw_sm = L2_TBS * 1e6 / gpu.sms
+    cm, cn, _ = cfg.cluster
+    cs = cm * cn
+    stages = cfg.stages or _sm90_auto_stages(cfg, gpu)
+    eff = 0.99 * (1.0 - math.exp(-(t.m * t.n) / 7100.0))
+    if cfg.mainloop is Mainloop.WS:
+        eff *= 0.9
+    elif cfg.mainloop is Mainloop.PINGPONG:
+        eff *= 1.0 if t.m * t.n <= 128 * 128 else 0.95
+    eff *= {32: 0.93, 64: 1.0, 128: 0.98}[t.k]
+    stage_bytes = (t.m + t.n) * t.k * 2
+    pipe = _pipe(stages, stage_bytes)
+    tiles_m = _ceil(_ceil(shape.m, t.m), cm) * cm
+    tiles_n = _ceil(_ceil(shape.n, t.n), cn) * cn
+    tiles = tiles_m * tiles_n
+    slots = (gpu.sms // cs) * cs
+    l2 = 1.0 + 0.05 * _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
+    bytes_iter = (min(t.m, shape.m) * t.k * 2 / cn + min(t.n, shape.n) * t.k * 2 / cm) * l2  # TMA skips out-of-bounds boxes
+    t_comp = 2.0 * t.m * t.n * t.k / (per_sm_flops * eff)
+    t_iter = _overlap(t_comp, bytes_iter / (bw_sm * pipe), 0.1)
+    t_epi = t.m * t.n * 2 / bw_sm * (1.0 if cfg.epilogue is Sm90Epilogue.TMA else 1.3) + 0.1
+    if cfg.mainloop is Mainloop.PINGPONG:
+        t_epi *= 0.35  # the other consumer warpgroup's mainloop hides most of it
+    k_iters = _ceil(shape.k, t.k)
+    mode = "data_parallel" if cfg.scheduler is Scheduler.PERSISTENT else _stream_k_mode(kn, tiles, slots)
+    extra, extra_bytes = SM90_SETUP_US + 0.2 * (cs > 1), 0.0
+    if mode == "data_parallel":
+        per_cta = _ceil(tiles, slots)
+        compute = LATENCY_US + per_cta * (k_iters * t_iter + t_epi) + 0.15 * (per_cta - 1)
+    elif mode == "split_k":
+        s = max(1, kn.splits)
+        per_cta = _ceil(tiles * s, slots)
+        k_iters = _ceil(_ceil(shape.k, s), t.k)
+        fixup = (s - 1) * t.m * t.n * 8 / bw_sm + 0.3 if s > 1 else 0.0
+        compute = LATENCY_US + per_cta * (k_iters * t_iter + t_epi) + fixup
+    else:
+        per_cta_iters = _ceil(tiles * k_iters, slots)
+        segments = _ceil(per_cta_iters, k_iters) + 1
+        fixup = t.m * t.n * 8 / bw_sm + 0.5
+        compute = LATENCY_US + per_cta_iters * t_iter + segments * t_epi + fixup
+    if cfg.scheduler is Scheduler.STREAM_K:
+        compute *= 1.02
+        extra += 1.0  # workspace barriers to clear
+        extra_bytes = 4.0 * shape.m * shape.n if mode != "data_parallel" else 0.0
+    return compute, extra, extra_bytes
+
+
+def model_us(program: Program, shape: Shape, gpu: Gpu) -> float:
+    """Noise-free simulated time of a (valid) program on a shape, in microseconds."""
+    if isinstance(program.config, Sm80Config):
+        compute, extra, extra_bytes = _sm80_us(program, program.config, shape, gpu)
+        tiles_m, tiles_n = _ceil(shape.m, program.config.tile.m), _ceil(shape.n, program.config.tile.n)
+    else:
+        compute, extra, extra_bytes = _sm90_us(program, program.config, shape, gpu)
+        tiles_m, tiles_n = _ceil(shape.m, program.config.tile.m), _ceil(shape.n, program.config.tile.n)
+    reload = 1.0 + _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
+    dram_bytes = 2.0 * (shape.m * shape.k + shape.k * shape.n) * reload + 2.0 * shape.m * shape.n + extra_bytes
+    dram = dram_bytes / (gpu.bandwidth_tbs * 1e6 * 0.92)
+    return LAUNCH_US + _overlap(compute, dram, 0.1) + extra
+
+
+def _cublas_menu(shape: Shape) -> list[Program]:
+    """The kernels the simulated cuBLAS picks from, with its quantization-blind knobs.
+
+    Its split count depends on K alone (not on how many tiles the shape makes), and it has
+    no small-tile sm80 kernels: good on big shapes, beatable on skinny and small ones.
+    """
+    def sm90(bm, bn, bk, cluster, mainloop, scheduler=Scheduler.PERSISTENT, splits=1):
+        cfg = Sm90Config(Tile(bm, bn, bk), (*cluster, 1), mainloop, Sm90Epilogue.TMA, 0, scheduler)
+        dec = Decomposition.SPLIT_K if splits > 1 else Decomposition.HEURISTIC
+        return Program("cublas", Family.SM90, BLayout.KN, cfg, Knobs(splits=splits, decomposition=dec))
+
+    small = min(shape.m, shape.n) <= 256
+    splits = min(8, max(1, shape.k // 2048)) if small else 1
+    menu = [
+        sm90(128, 256, 64, (2, 1), Mainloop.COOPERATIVE),
+        sm90(128, 128, 64, (1, 2), Mainloop.PINGPONG),
+        sm90(64, 128, 64, (1, 1), Mainloop.PINGPONG),
+        sm90(128, 128, 64, (1, 1), Mainloop.COOPERATIVE, Scheduler.STREAM_K, splits),
+    ]
+    if small:
+        menu.append(sm90(64, 64, 128, (1, 1), Mainloop.PINGPONG))
+        menu.append(sm90(128, 64, 64, (1, 1), Mainloop.COOPERATIVE, Scheduler.STREAM_K, splits))
+    return menu
+
+
+def cublas_model_us(shape: Shape, gpu: Gpu) -> float:
+    """Simulated cuBLAS-best: the fastest of its menu, with hand-tuned SASS (2% better)."""
+    return 0.98 * min(model_us(p, shape, gpu) for p in _cublas_menu(shape))
+
+
+def _unit(*parts: object) -> float:
+    """A deterministic uniform number in [0, 1) from a hash of the parts."""
+    digest = hashlib.sha256("\0".join(str(p) for p in parts).encode()).digest()
+    return struct.unpack("<Q", digest[:8])[0] / 2.0**64
+
+
+def _gauss(*parts: object) -> float:
+    u1 = max(_unit("g1", *parts), 1e-12)
+    u2 = _unit("g2", *parts)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+class SimulatedEvaluator:
+    """A deterministic stand-in for build + run on ``gpu``: a model, not a measurement.
+
+    Times come from :func:`model_us` (waves and tile quantization over the SMs and
+    occupancy, per-tile efficiency by tile size, warps, stages and family, split-K and
+    stream-K, a small L2 effect of raster and swizzle, ~3 µs launch overhead), times
+    deterministic pseudo-noise from a hash of (program text, shape). The baseline is
+    :func:`cublas_model_us`. A fixed fraction of compile-time configurations "fail to
+    build" and a smaller fraction of (program, shape) pairs "run wrong" or "fail to
+    launch", all decided by hashes, so failure paths get exercised reproducibly.
+    """
+
+    def __init__(self, gpu: Gpu, *, noise: float = 0.03, build_fail: float = 0.03, run_fail: float = 0.01, salt: str = ""):
+        self.gpu = gpu
+        self.noise = noise
+        self.build_fail = build_fail
+        self.run_fail = run_fail
+        self.salt = salt
+        self.env = {"simulated": "analytic model of " + gpu.name + " (l2gen.search.simulate), not a measurement"}
+        self.calls = 0  # measured (non-rejected) candidates, for tests and progress
+
+    def baseline_us(self, shape: Shape) -> float:
+        return cublas_model_us(shape, self.gpu)
+
+    def measure(self, shape: Shape, program: Program) -> Measurement:
+        """One candidate, without the checker (callers check first)."""
+        text = format_program(program)
+        build_text = format_program(build_program(program))
+        if _unit("build", self.salt, self.gpu.name, build_text) < self.build_fail:
+            return Measurement(shape, program, "build_error", error="simulated: nvcc failed (deterministic for this configuration)")
+        u = _unit("run", self.salt, text, shape)
+        if u < self.run_fail / 2:
+            return Measurement(shape, program, "run_error", error="simulated: launch returned L2GEN_ERR_LAUNCH")
+        base = self.baseline_us(shape) * math.exp(0.01 * _gauss("base", self.salt, text, shape))
+        if u < self.run_fail:
+            return Measurement(shape, program, "wrong", baseline_us=base, relerr=0.5, error="simulated: relative error 0.5 > 1e-3")
+        time = model_us(program, shape, self.gpu) * math.exp(self.noise * _gauss("time", self.salt, text, shape))
+        return Measurement(shape, program, "ok", time_us=time, baseline_us=base, relerr=2e-4)
+
+    def evaluate(self, shape: Shape, proposals: Sequence[Proposal], on_result: OnResult | None = None) -> list[Measurement]:
+        out: list = [None] * len(proposals)
+        for i, proposal in enumerate(proposals):
+            m = rejected(shape, proposal.program, self.gpu)
+            if m is None:
+                self.calls += 1
+                m = self.measure(shape, proposal.program)
+            _emit(out, on_result, i, m)
+        return out
