@@ -181,7 +181,6 @@ def bench(
         if own_worker:
             worker.close()
     write_results(results, out_json)
-    print(format_table(results))
     if plot_png:
         if plot_speedups(results, plot_png):
             say(f"[bench] plot written to {plot_png}")

@@ -96,7 +96,10 @@ def cmd_sample(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import bench, format_table
     from .parse import parse_file
+    from .runtime import device_count
 
+    if device_count() == 0:
+        raise DiagnosticError([Diagnostic("E-GPU", "no CUDA GPU found (or no driver for this CUDA runtime): bench needs one; 'l2gen build' and 'l2gen tune --simulate' do not")])
     programs = []
     for path in args.files:
         programs.append(parse_file(path))
@@ -109,7 +112,10 @@ def cmd_bench(args) -> int:
     results = bench(programs, _shapes(args), args.gpu, out_json=out, plot_png=plot, reps=args.reps, seeds=args.seeds, jobs=args.jobs)
     print(format_table(results))
     print(f"results: {out}" + (f", plot: {plot}" if plot and plot.exists() else ""))
-    return EXIT_OK
+    failed = [r for r in results["rows"] if r["status"] != "ok"]
+    if failed:
+        _eprint(f"{len(failed)} of {len(results['rows'])} program x shape rows did not pass (see the table)")
+    return EXIT_FAIL if failed else EXIT_OK
 
 
 def _db_programs(args) -> list:

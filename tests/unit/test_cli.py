@@ -153,3 +153,11 @@ def test_tune_llm_policy_end_to_end_against_a_loopback_server(tmp_path, monkeypa
         assert "4 measurements" in capsys.readouterr().out
     finally:
         server.close()
+
+
+def test_bench_without_a_gpu_says_so(monkeypatch, capsys):
+    import l2gen.runtime
+
+    monkeypatch.setattr(l2gen.runtime, "device_count", lambda: 0)
+    assert main(["bench", str(EXAMPLES[0]), "--shape", "64x64x64"]) == 1
+    assert "E-GPU: no CUDA GPU found" in capsys.readouterr().err
