@@ -111,6 +111,9 @@ def cmd_db(args) -> int:
         elif args.action == "export":
             n = db.export_json(args.file)
             print(f"exported {n} measurements to {args.file}")
+        elif args.action == "import-bench":
+            n = db.import_bench(args.file)
+            print(f"added {n} measured rows from {args.file}")
         else:
             n = db.import_json(args.file)
             print(f"imported {n} measurements from {args.file}")
@@ -140,7 +143,7 @@ def add_commands(sub, shapes_of) -> None:
     p.set_defaults(func=lambda args: cmd_tune(args, shapes_of))
 
     p = sub.add_parser("db", help="show, export or import a kernel database")
-    p.add_argument("action", choices=("show", "export", "import"))
+    p.add_argument("action", choices=("show", "export", "import", "import-bench"), help="import-bench: add an 'l2gen bench' results file's rows")
     p.add_argument("--db", default="l2gen-kernels.db")
     p.add_argument("file", nargs="?", help="JSON file for export/import")
     p.add_argument("-v", "--verbose", action="store_true")

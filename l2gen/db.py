@@ -341,6 +341,32 @@ class KernelDB:
         return added
 
 
+    def import_bench(self, path: str | Path) -> int:
+        """Add the rows of an ``l2gen bench`` results file as measurements (policy "bench"):
+        each program x shape with its verified time against the same run's cuBLAS-best.
+        Returns how many rows were added. Rows from another GPU raise GpuMismatchError."""
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+            rows, gpu = doc["rows"], doc["gpu"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DatabaseError(f"{path}: not an l2gen bench results file: {exc!r}") from None
+        self.check_gpu(gpu)
+        env = {k: doc.get(k) for k in ("device", "commit", "nvcc", "date") if doc.get(k)}
+        added = 0
+        for row in rows:
+            try:
+                program = parse(row["program_text"], str(path))
+                shape = Shape(int(row["m"]), int(row["n"]), int(row["k"]))
+            except Exception as exc:  # a row this l2gen cannot read back: say which
+                raise DatabaseError(f"{path}: bad bench row {row.get('program')!r}: {exc}") from None
+            status = row["status"] if row["status"] in ("ok", "wrong", "timeout", "build_error", "rejected") else "run_error"
+            m = Measurement(shape, program, status, time_us=row.get("l2gen_us"), baseline_us=row.get("cublas_best_us"),
+                            relerr=row.get("relerr"), error=row.get("error"))
+            self.add(m, gpu, "bench", env)
+            added += 1
+        return added
+
 # ---------------------------------------------------------------------------------------
 
 

@@ -194,3 +194,21 @@ def test_readonly_lookup(tmp_path):
         assert ro.best(H200, SHAPE) is not None
         with pytest.raises(DatabaseError, match="read-only"):
             ro.add(ok(program(), 10.0), H200)
+
+
+def test_import_bench_results_measured_on_the_h200(tmp_path):
+    from pathlib import Path
+
+    from l2gen.db import DatabaseError, KernelDB
+    from l2gen.search.base import Shape
+
+    results = Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-examples-public-run2.json"
+    with KernelDB(tmp_path / "h200.db") as db:
+        assert db.import_bench(results) == 144
+        program, speedup, time_us = db.best("h200", Shape(16384, 16384, 16384))
+        assert program.name == "square_large_sm90" and speedup > 1.0 and time_us > 10_000
+        assert len(db.best_all("h200")) == 24
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": 3}')
+    with KernelDB(tmp_path / "other.db") as db, pytest.raises(DatabaseError, match="not an l2gen bench results file"):
+        db.import_bench(bad)
