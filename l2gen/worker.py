@@ -14,8 +14,8 @@ worker. :func:`measure` builds on that: with the last note it knows which candid
 running, fails that one, and measures the rest again.
 
 The executor is pluggable (``module:function``, taking ``(task, note)`` and returning a
-result dict) so tests can inject fakes; the default, :func:`execute`, runs "measure" tasks
-on the GPU.
+result dict) so tests can inject fakes; the default, :func:`l2gen.measure.execute`, runs
+"measure" tasks on the GPU.
 
 A measure task::
 
@@ -54,9 +54,8 @@ from pathlib import Path
 from typing import Callable
 
 from .ir import Decomposition, Knobs, Raster
-from .timing import ESCAPE_RATIO
 
-DEFAULT_EXECUTOR = "l2gen.worker:execute"
+DEFAULT_EXECUTOR = "l2gen.measure:execute"
 DEFAULT_TIMEOUT = 600.0  # seconds per task
 STARTUP_TIMEOUT = 300.0  # seconds for a new worker to say it is ready
 FIRST_TASK_GRACE = 120.0  # extra seconds for a new worker's first task (CUDA, torch init)
@@ -436,167 +435,6 @@ def _assemble(task, order, done, baselines, result) -> dict:
     if len(order) == 1:
         out.update({k: v for k, v in out["candidates"][0].items() if k != "name"})
     return out
-
-
-# ---- the default executor (runs on the GPU, in the worker) ----------------------------
-
-_SESSION = None
-
-
-class _Session:
-    """Per-process GPU state: the timed stream, the L2 flush, the reference, baselines."""
-
-    def __init__(self):
-        from . import runtime
-        from .timing import L2Flush
-        from .verify import CudaDevice, default_reference
-
-        runtime.call("cudaSetDevice", 0)  # the first visible device (CUDA_VISIBLE_DEVICES)
-        self.info = runtime.device_info(0)
-        self.stream = runtime.Stream()
-        self.flush = L2Flush(self.info.l2_bytes)
-        self.device = CudaDevice()
-        self.reference = default_reference(self.device)
-        self._baselines: dict = {}
-
-    def baselines(self, shim: str | None):
-        from .baselines import Baselines
-
-        if shim not in self._baselines:
-            self._baselines[shim] = Baselines(shim)
-        return self._baselines[shim]
-
-
-def execute(task: dict, note: Note) -> dict:
-    """The worker's default executor: "measure" (see the module docstring) and "ping"."""
-    kind = task.get("kind", "measure")
-    if kind == "ping":
-        return {"status": "ok", "pid": os.getpid()}
-    if kind == "measure":
-        return _measure(normalize(task), note)
-    raise ValueError(f"unknown task kind {kind!r}")
-
-
-def _measure(task: dict, note: Note) -> dict:
-    """Verify every runner (baselines, then candidates), then time the verified ones
-    interleaved. A CudaError propagates: the context may be broken, the worker must go."""
-    from .runtime import CudaError, DeviceBuffer, Library
-    from .timing import time_interleaved
-    from .verify import DEFAULT_SEEDS, b_shape, make_inputs, verify
-
-    global _SESSION
-    note({"phase": "setup"})
-    if _SESSION is None:
-        _SESSION = _Session()
-    s = _SESSION
-    m, n, k = int(task["m"]), int(task["n"]), int(task["k"])
-    layout = task.get("b_layout", "kn")
-    seeds = int(task.get("seeds", DEFAULT_SEEDS))
-    reps, warmup = int(task.get("reps", 50)), int(task.get("warmup", 5))
-    h, dev = s.stream.handle, s.device
-    a, b, c = dev.alloc((m, k)), dev.alloc(b_shape(n, k, layout)), dev.alloc((m, n))
-    owned = [a.buffer, b.buffer, c.buffer]
-    results: dict[str, dict] = {}  # "baseline/<name>" or "candidate/<name>" -> result
-    runners: dict = {}
-    relerrs: dict[str, float] = {}
-
-    def check(key: str, name: str, kernel, c_view, transposed: bool) -> None:
-        try:
-            vr = verify(kernel, m, n, k, b_layout=layout, seeds=seeds, device=dev,
-                        reference=s.reference, buffers=(a, b, c_view), c_transposed=transposed)
-        except CudaError:
-            raise
-        except Exception as e:  # LaunchError, ShimError, a torch error: this runner only
-            results[key] = failed(name, "run_error", f"{type(e).__name__}: {e}")
-            return
-        if not vr.ok:
-            results[key] = dict(failed(name, "wrong", vr.error), relerr=vr.relerr)
-        else:
-            relerrs[key] = vr.relerr
-
-    try:
-        inputs = make_inputs(m, n, k, 0, layout)  # real data before anything runs (autotune)
-        dev.write(a, inputs[0])
-        dev.write(b, inputs[1])
-        if task["baselines"]:
-            bl = s.baselines(task.get("shim"))
-            for name in task["baselines"]:
-                key = f"baseline/{name}"
-                if name in bl.unavailable:
-                    results[key] = failed(name, "unavailable", bl.unavailable[name])
-                    continue
-                note({"phase": "verify", "baseline": name})
-                transposed = bl.c_transposed(name)
-                c_view = c.buffer.array((n, m)) if transposed else c
-                try:
-                    run = bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=s.flush)
-                except CudaError:
-                    raise
-                except Exception as e:
-                    results[key] = failed(name, "run_error", f"{type(e).__name__}: {e}")
-                    continue
-                check(key, name, lambda *_, run=run: run(h), c_view, transposed)
-                if key in relerrs:
-                    runners[key] = run
-
-        ldb = n if layout == "kn" else k
-        for cand in task["candidates"]:
-            name, key = cand["name"], f"candidate/{cand['name']}"
-            note({"phase": "verify", "candidate": name})
-            try:
-                lib = Library.load(cand["library"], cand["entry"])
-                text = cand.get("program_text")
-                if text is not None and lib.program_text().strip() != text.strip():
-                    raise ValueError(f"{cand['library']} was built from another program")
-                knobs = knobs_from_dict(cand.get("knobs"))
-                ws_bytes = lib.workspace_size(m, n, k, knobs)
-            except (OSError, AttributeError, ValueError) as e:
-                results[key] = failed(name, "run_error", f"cannot use the library: {e}")
-                continue
-            ws = DeviceBuffer(ws_bytes) if ws_bytes else None
-            if ws is not None:
-                owned.append(ws)
-
-            def run(stream, lib=lib, knobs=knobs, ws=ws, ws_bytes=ws_bytes):
-                lib.launch(a, b, c, m, n, k, k, ldb, n, knobs, ws, ws_bytes, stream)
-
-            check(key, name, lambda *_, run=run: run(h), c, False)
-            if key in relerrs:
-                runners[key] = run
-
-        note({"phase": "time", "runners": list(runners)})
-        samples = time_interleaved(runners, h, s.flush, reps=reps, warmup=warmup) if runners else {}
-    finally:
-        for buf in owned:
-            try:
-                buf.free()
-            except Exception:
-                pass
-
-    for key, sample in samples.items():
-        name = key.split("/", 1)[1]
-        ev = {"event_us": sample.median_us, "wall_us": sample.wall_us, "host_us": sample.host_us,
-              "batch": sample.batch, "batch_event_us": sample.batch_event_us, "escaped": sample.escaped}
-        if sample.escaped:
-            seen = sample.batch_event_us if sample.batch_event_us is not None else sample.median_us
-            results[key] = dict(failed(name, "escaped", (
-                f"event time per call of a back-to-back batch, {seen:.2f} us, is under "
-                f"{ESCAPE_RATIO:g} x its synchronized wall time per call, {sample.wall_us:.2f} us (host enqueue "
-                f"{sample.host_us:.2f} us): the work escaped the timed stream")),
-                relerr=relerrs[key], escaped=True, event_vs_wall=ev)
-        else:
-            results[key] = {"name": name, "status": "ok", "time_us": sample.median_us,
-                            "relerr": relerrs[key], "error": None, "escaped": False,
-                            "event_vs_wall": ev, "spread": sample.spread,
-                            "reps": len(sample.event_us)}
-    return {
-        "status": "ok",
-        "error": None,
-        "device": {"name": s.info.name, "sm": s.info.sm, "sms": s.info.sms,
-                   "l2_bytes": s.info.l2_bytes},
-        "candidates": [results[f"candidate/{cand['name']}"] for cand in task["candidates"]],
-        "baselines": {name: results[f"baseline/{name}"] for name in task["baselines"]},
-    }
 
 
 if __name__ == "__main__":

@@ -468,7 +468,7 @@ def test_device_evaluator_drives_the_loop(tmp_path):
 
 
 def fake_measure_executor(task, note):
-    """Runs in a worker process: a stand-in for the GPU executor of l2gen.worker."""
+    """Runs in a worker process: a stand-in for the GPU executor, l2gen.measure."""
     cands = []
     for c in task["candidates"]:
         splits = c["knobs"]["splits"]
