@@ -33,20 +33,28 @@ import logging
 import math
 import os
 import random
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 from urllib.parse import urlparse
 
-from .. import check as rules
-from ..check import check
-from ..diagnostics import Diagnostic, DiagnosticError, errors
+from ..diagnostics import Diagnostic
 from ..ir import BLayout, Family, Program, Sm80Config, Span, Tile
-from ..parse import grammar_text, parse
-from ..printer import format_program
+from ..parse import grammar_text
 from ..targets import DEFAULT_GPU, Gpu, get_gpu
-from .base import REWARD_FAILED, REWARD_REJECTED, Measurement, Proposal, Shape, program_key
+from .base import Measurement, Proposal, Shape, program_key
+from .llm_prompt import (  # noqa: F401  (extract_program_text, read_answer: public API)
+    ANSWER_FILE,
+    TOOL_NAME,
+    Entry,
+    Examples,
+    extract_program_text,
+    instructions,
+    one_line,
+    read_answer,
+    repair_prompt,
+    task_prompt,
+)
 
 log = logging.getLogger("l2gen.llm")
 
@@ -56,8 +64,6 @@ ENV_MODEL = "L2GEN_LLM_MODEL"
 ENV_MODE = "L2GEN_LLM_MODE"
 
 MODES = ("auto", "responses_grammar", "chat_grammar", "text")
-TOOL_NAME = "emit_l2gen_program"
-ANSWER_FILE = "answer.l2"  # the file name diagnostics of an answer carry
 
 # A stand-in for answers that hold no parsable program: the checker rejects it too
 # (tile 0 x 0 x 0), so a loop that ignores meta["rejected"] still records a rejection.
@@ -178,16 +184,6 @@ class _Answer:
     mode: str
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """A remembered outcome: the program as one line of DSL, and how it did."""
-
-    text: str
-    status: str
-    speedup: float | None
-    error: str | None
-
-
 class LLMPolicy:
     """Proposes programs by asking an LLM; see the module docstring for the protocol."""
 
@@ -201,7 +197,7 @@ class LLMPolicy:
         self.stats.mode = self._modes[0]
         self._client = client
         self._rng = random.Random(seed)
-        self._memory: dict[Shape, dict[str, _Entry]] = {}
+        self._memory: dict[Shape, dict[str, Entry]] = {}
         self._fatal: LLMError | None = None
         self._failures_in_row = 0
         self.prompts: list[str] = []  # user prompts sent, newest last (for inspection/tests)
@@ -471,7 +467,7 @@ class LLMPolicy:
         if not overwrite and key in entries:
             return
         error = (m.error or "").strip().splitlines()[0][:200] if m.error else None
-        entries[key] = _Entry(_one_line(m.program), m.status, m.speedup, error)
+        entries[key] = Entry(one_line(m.program), m.status, m.speedup, error)
 
     def _examples(self, shape: Shape) -> "Examples":
         here = list(self._memory.get(shape, {}).values())
@@ -487,246 +483,7 @@ class LLMPolicy:
         return Examples(best, worst, similar, len(here))
 
 
-@dataclass(frozen=True)
-class Examples:
-    best: list
-    worst: list
-    similar: list  # (Shape, _Entry)
-    measured: int
-
-
-# -- reading answers ----------------------------------------------------------------------
-
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
-_KERNEL = re.compile(r"\bkernel\s+[A-Za-z_][A-Za-z0-9_]*\s*\{")
-
-
-def extract_program_text(answer: str) -> str | None:
-    """The program in a model's answer: an ```l2gen fenced block, else the first balanced
-    ``kernel NAME { ... }`` (``#`` comments skipped when matching braces). None if neither."""
-    fences = _FENCE.findall(answer or "")
-    for lang, body in fences:
-        if lang.lower() == "l2gen":
-            return body.strip()
-    for _, body in fences:
-        if _KERNEL.search(body):
-            answer = body
-            break
-    start = _KERNEL.search(answer or "")
-    if not start:
-        return None
-    depth, i, text = 0, start.start(), answer
-    while i < len(text):
-        c = text[i]
-        if c == "#":
-            nl = text.find("\n", i)
-            i = len(text) if nl < 0 else nl
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start.start() : i + 1]
-        i += 1
-    return text[start.start() :].strip()  # unbalanced: let the parser say where it ends
-
-
-def read_answer(answer: str, gpu: Gpu) -> tuple[Program | None, list[Diagnostic]]:
-    """Parse and check a model's answer: (program, []) when valid, else the diagnostics
-    (with the program when it parsed but the checker rejected it)."""
-    if not (answer or "").strip():
-        why = "the answer is empty; expected one `kernel NAME { ... }` program"
-        return None, [Diagnostic("E-EMPTY", why, Span(ANSWER_FILE))]
-    text = extract_program_text(answer)
-    if text is None:
-        return None, [Diagnostic("E-NOPROGRAM", "the answer holds no `kernel NAME { ... }` program", Span(ANSWER_FILE))]
-    try:
-        program = parse(text, ANSWER_FILE)
-    except DiagnosticError as exc:
-        return None, exc.diagnostics
-    return program, errors(check(program, gpu))
-
-
-# -- prompts ------------------------------------------------------------------------------
-
-
-def instructions(gpu: Gpu, mode: str) -> str:
-    """The system part of every request: task, grammar, decisions, rules, reward, format.
-    It depends only on the GPU and mode, so servers can cache it as a prompt prefix."""
-    if mode == "text":
-        fmt = (
-            "Answer with the program in one ```l2gen fenced block and nothing else. "
-            "Write no comment before `kernel`."
-        )
-    elif mode == "responses_grammar":
-        fmt = (
-            f"Call the tool {TOOL_NAME} with the program as its input: "
-            "the text starts with `kernel` and ends with `}`."
-        )
-    else:
-        fmt = "Your output is held to the grammar: write only the program, starting with `kernel` and ending with `}`."
-    return "\n\n".join(
-        [
-            "You tune fp16 GEMM kernels (C[M,N] = A[M,K] @ B, fp16 in and out, fp32 accumulation) "
-            "written in the l2gen DSL. Each answer is ONE complete program for the problem in the "
-            "request; it is compiled, verified and timed against cuBLAS.",
-            "Grammar (Lark):\n" + grammar_text().strip(),
-            DECISIONS,
-            f"Rules the checker enforces on {gpu.name} (a program that breaks one is rejected unmeasured):\n"
-            + rules_text(gpu),
-            REWARD,
-            fmt,
-        ]
-    )
-
-
-DECISIONS = """\
-Decisions (omitted ones take the default in brackets):
-- arch sm80: CuTe mma.sync 16x8x16 + cp.async + ldmatrix; low overhead, good for small, skinny or
-  decode shapes. arch sm90a: CUTLASS wgmma + TMA, warp-specialized; best for large shapes.
-- b kn: B is K x N (A @ B); b nk: B is N x K (A @ W.T). [kn]
-- tile BM x BN x BK: the output tile of one block and the K step of its mainloop.
-- sm80 only: warps WM x WN (warp grid over the tile) [2 x 2]; stages (cp.async pipeline depth) [3];
-  smem_swizzle B 3 3 (shared-memory Swizzle<B,3,3>) [3 3 3]; epilogue smem|direct [smem];
-  split_k none|parallel (parallel: K slices write fp32 partials, a second kernel reduces) [none];
-  min_blocks (launch-bounds minimum resident blocks per SM) [1].
-- sm90a only: cluster CM x CN x 1 (CTAs sharing TMA multicast) [1 x 1 x 1];
-  mainloop ws|pingpong|cooperative [cooperative]; epilogue tma|direct [tma];
-  stages N|auto [auto]; scheduler persistent|stream_k [persistent];
-  decomposition heuristic|data_parallel|split_k|stream_k (stream_k scheduler only) [heuristic].
-- Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
-  (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel or stream_k) [1].
-Few output tiles for many SMs (small M or N, long K) call for split-K / stream-K; large square
-shapes for big tiles, clusters and deep pipelines."""
-
-REWARD = (
-    "Reward: ln(cuBLAS-best time / your kernel's time): 0 at parity, above 0 when faster. "
-    f"A program the checker rejects scores {REWARD_REJECTED}; one that fails to build or run, "
-    f"computes a wrong result or times out scores {REWARD_FAILED}. Kernel names are cosmetic: a "
-    "program that differs from a measured one only in its name is a repeat and is not measured. "
-    "Study the measured programs: keep what made the best ones fast, avoid what failed, and "
-    "propose a program not measured yet."
-)
-
-
-def rules_text(gpu: Gpu) -> str:
-    """The checker's rules, stated from its own constants and the GPU's limits."""
-    r = rules
-    lines = [
-        f"sm80: BM in {_set(r.SM80_TILE_M)}, BN in {_set(r.SM80_TILE_N)}, BK in {_set(r.SM80_TILE_K)}; "
-        f"WM, WN in {_set(r.SM80_WARPS)}; threads = 32*WM*WN <= {r.SM80_MAX_THREADS}; "
-        "BM % (16*WM) == 0 and BN % (16*WN) == 0; BM*BK/8 and BN*BK/8 multiples of threads; "
-        f"BM*BN/threads <= {r.SM80_MAX_ACC_PER_THREAD}; stages {r.SM80_STAGES.start}..{r.SM80_STAGES.stop - 1}; "
-        "smem_swizzle B 3 3 with B in 0..3; "
-        f"shared memory max(stages*(BM+BN)*BK*2, BM*(BN+8)*2 if epilogue smem) <= {gpu.smem_per_block} B; "
-        f"min_blocks 1..4, min_blocks*threads <= 2048, min_blocks*smem <= {gpu.smem_per_sm} B; "
-        f"registers BM*BN/threads + 2*(4*BM/(16*WM) + 2*BN/(8*WN)) + 40 <= "
-        f"min(255, {gpu.regs_per_sm}/(min_blocks*threads)) - {r.SM80_REGISTER_MARGIN}; "
-        "splits > 1 needs split_k parallel.",
-    ]
-    if Family.SM90 in gpu.families():
-        lines.append(
-            f"sm90a: BM in {_set(r.SM90_TILE_M)}, BN a multiple of 16 in 16..256, "
-            f"BK in {_set(r.SM90_TILE_K)}; cluster CM x CN x 1 with CM, CN in {_set(r.SM90_CLUSTER)} "
-            f"and CM*CN <= {gpu.max_cluster}; cooperative needs BM 128 or 256; "
-            f"accumulators per thread BM*BN/256 (cooperative) or BM*BN/128 (ws, pingpong) <= {r.SM90_MAX_ACC_PER_THREAD}; "
-            f"stages auto or {r.SM90_STAGES.start}..{r.SM90_STAGES.stop - 1}; "
-            f"shared memory about stages*(BM+BN)*BK*2 + the epilogue's (up to 33 KB with tma) <= {gpu.smem_per_block} B, "
-            "and auto must leave room for 2 stages; scheduler stream_k needs mainloop cooperative; "
-            "splits > 1 and decomposition need scheduler stream_k."
-        )
-    else:
-        lines.append(f"sm90a does not run on {gpu.name}: use arch sm80.")
-    lines.append(f"Knobs: swizzle 0..{r.MAX_SWIZZLE_LOG2}; splits 1..{r.MAX_SPLITS}.")
-    return "\n".join("- " + line for line in lines)
-
-
-def shape_facts(shape: Shape, gpu: Gpu) -> str:
-    m, n, k = shape.m, shape.n, shape.k
-    flops = 2.0 * m * n * k
-    bytes_ = 2.0 * (m * k + k * n + m * n)
-    compute_us = 1e6 * flops / (gpu.peak_tflops_fp16 * 1e12)
-    memory_us = 1e6 * bytes_ / (gpu.bandwidth_tbs * 1e12)
-    bound = "compute" if compute_us >= memory_us else "memory"
-    tiles = ", ".join(
-        f"{bm}x{bn}: {_tiles(m, bm) * _tiles(n, bn)} tiles" for bm, bn in ((64, 64), (128, 128), (128, 256))
-    )
-    return (
-        f"Problem: M={m} N={n} K={k} ({flops / 1e9:.3g} GFLOP, {bytes_ / 1e6:.3g} MB of operands).\n"
-        f"Target: {gpu.name} (sm_{gpu.sm}): {gpu.sms} SMs, {gpu.smem_per_block} B shared memory per block, "
-        f"L2 {gpu.l2_bytes / 2**20:.0f} MiB, {gpu.peak_tflops_fp16:g} TFLOP/s fp16, {gpu.bandwidth_tbs:g} TB/s.\n"
-        f"Floor time {gpu.floor_us(m, n, k):.3g} us "
-        f"({bound}-bound: compute {compute_us:.3g} us, memory {memory_us:.3g} us). "
-        f"Output tiles per launch: {tiles} (vs {gpu.sms} SMs)."
-    )
-
-
-def task_prompt(
-    shape: Shape, gpu: Gpu, ex: Examples, proposed: Sequence[Program] = (), repeated: Program | None = None
-) -> str:
-    """The request for one new program for ``shape`` (``repeated``: the previous answer,
-    which repeated a known program)."""
-    parts = [shape_facts(shape, gpu)]
-    if ex.best:
-        parts.append("Fastest measured on this shape (speedup over cuBLAS-best):\n" + _lines(map(_entry, ex.best)))
-    else:
-        parts.append("Nothing measured on this shape yet.")
-    if ex.worst:
-        parts.append("Slowest and failed on this shape:\n" + _lines(map(_entry, ex.worst)))
-    if ex.similar:
-        parts.append(
-            "Best on similar shapes:\n" + "\n".join(f"{s.m}x{s.n}x{s.k}: {_entry(e)}" for s, e in ex.similar)
-        )
-    if proposed:
-        parts.append("Already proposed in this round (propose something else):\n" + _lines(map(_one_line, proposed)))
-    if repeated is not None:
-        parts.append(
-            f"Your previous answer repeats a program already measured or proposed:\n{_one_line(repeated)}\n"
-            "Change at least one decision."
-        )
-    parts.append(f"Write one new program for M={shape.m} N={shape.n} K={shape.k}.")
-    return "\n\n".join(parts)
-
-
-def repair_prompt(shape: Shape, gpu: Gpu, answer: str, diags: Sequence[Diagnostic]) -> str:
-    """The request to correct an answer that did not parse or check."""
-    shown = (extract_program_text(answer) or answer or "").strip()[:2000] or "(empty)"
-    return "\n\n".join(
-        [
-            shape_facts(shape, gpu),
-            f"Your previous answer, read as {ANSWER_FILE}:\n{shown}",
-            "It was rejected with these diagnostics:\n" + "\n".join(str(d) for d in diags),
-            "Answer with one corrected program (keep its intent, fix every diagnostic).",
-        ]
-    )
-
-
 # -- small helpers ------------------------------------------------------------------------
-
-
-def _one_line(program: Program) -> str:
-    """The canonical text of a program on one line (still valid DSL)."""
-    return " ".join(format_program(program).split())
-
-
-def _lines(items) -> str:
-    return "\n".join(items)
-
-
-def _entry(e: _Entry) -> str:
-    if e.speedup is not None:
-        return f"{e.speedup:.3f}x  {e.text}"
-    why = f" ({e.error})" if e.error else ""
-    return f"{e.status}{why}  {e.text}"
-
-
-def _set(values) -> str:
-    return "{" + ", ".join(str(v) for v in values) + "}"
-
-
-def _tiles(extent: int, tile: int) -> int:
-    return -(-extent // tile)
 
 
 def _distance(a: Shape, b: Shape) -> float:

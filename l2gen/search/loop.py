@@ -15,7 +15,16 @@ from typing import Callable, Iterable
 
 from ..ir import Program
 from ..targets import Gpu
-from .base import REWARD_FAILED, REWARD_REJECTED, Measurement, Policy, Proposal, Shape, program_key, reward
+from .base import (
+    REWARD_FAILED,
+    REWARD_REJECTED,
+    Measurement,
+    Policy,
+    Proposal,
+    Shape,
+    program_key,
+    reward,
+)
 from .evaluate import Evaluator, unserved
 
 __all__ = ["REWARD_FAILED", "REWARD_REJECTED", "reward", "tune", "ShapeResult", "TuneSummary"]

@@ -21,7 +21,16 @@ from typing import Sequence
 import numpy as np
 
 from ..check import is_valid
-from ..ir import BLayout, Decomposition, Family, Program, Scheduler, Sm80Config, Sm90Config, SplitK
+from ..ir import (
+    BLayout,
+    Decomposition,
+    Family,
+    Program,
+    Scheduler,
+    Sm80Config,
+    Sm90Config,
+    SplitK,
+)
 from ..parse import parse
 from ..printer import format_program
 from ..space import SLOTS, Slot, assemble, choices_of, random_program, sanitize
