@@ -87,6 +87,19 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def fill_uniform(rng: random.Random, gpu: Gpu, b_layout: BLayout, seen: set, out: list[Proposal], count: int, note: str, *, tries: int) -> list[Proposal]:
+    """Top ``out`` up to ``count`` proposals with uniform valid programs not in ``seen``."""
+    for _ in range(tries):
+        if len(out) >= count:
+            break
+        program = random_program(rng, gpu, b_layout=b_layout)
+        key = program_key(program)
+        if key not in seen:
+            seen.add(key)
+            out.append(Proposal(program, note, {"kind": "random"}))
+    return out
+
+
 class RandomPolicy:
     """Uniform over valid programs (:func:`l2gen.space.random_program`); learns nothing."""
 
@@ -99,16 +112,7 @@ class RandomPolicy:
 
     def propose(self, shape: Shape, history: Sequence[Measurement], n: int) -> list[Proposal]:
         seen = {program_key(m.program) for m in history}
-        out: list[Proposal] = []
-        for _ in range(50 * n):
-            if len(out) == n:
-                break
-            program = random_program(self.rng, self.gpu, b_layout=self.b_layout)
-            key = program_key(program)
-            if key not in seen:
-                seen.add(key)
-                out.append(Proposal(program, "random", {"kind": "random"}))
-        return out
+        return fill_uniform(self.rng, self.gpu, self.b_layout, seen, [], n, "random", tries=50 * n)
 
     def update(self, shape: Shape, results: Sequence[tuple[Proposal, Measurement]]) -> None:
         pass
@@ -356,15 +360,8 @@ class EmbeddedPolicy:
         if rejected:
             advantage = max(-2.0, REWARD_REJECTED - base) * self.reject_weight / len(rejected)
             self._step(x, rejected, [advantage] * len(rejected))
-        for _ in range(20 * (count - len(out))):  # the policy is stuck: fall back to uniform
-            if len(out) >= count:
-                break
-            program = random_program(self.pyrng, self.gpu, b_layout=self.b_layout)
-            key = program_key(program)
-            if key not in seen:
-                seen.add(key)
-                out.append(Proposal(program, "uniform (policy draws exhausted)", {"kind": "random"}))
-        return out
+        # the policy is stuck: fall back to uniform draws
+        return fill_uniform(self.pyrng, self.gpu, self.b_layout, seen, out, count, "uniform (policy draws exhausted)", tries=20 * (count - len(out)))
 
     def _edit(self, program: Program, x: np.ndarray, knobs_only: bool) -> tuple[Program, list[str]]:
         fam = program.family
