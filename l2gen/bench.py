@@ -10,7 +10,8 @@ The results file (JSON)::
 
     {"gpu": target name, "device": the CUDA device's name (null if none ran),
      "date": ISO 8601 UTC, "commit": git sha of the l2gen checkout or null,
-     "nvcc": version or null, "reps": timed runs per median, "seeds": input sets verified,
+     "nvcc": version or null, "reps": timed runs per median (4x for shapes whose floor is
+     under 5 µs, see reps_for), "seeds": input sets verified,
      "rows": [{"m", "n", "k", "program", "program_text", "l2gen_us", "relerr", "status",
                "error", "tflops", "floor_pct", "baselines": {"torch_matmul_us",
                "cublas_us", "cublas_tt_us", "cublaslt_heuristic_us",
@@ -53,6 +54,17 @@ def stderr_progress(line: str) -> None:
 
 
 # ---- the run --------------------------------------------------------------------------
+
+
+SHORT_KERNEL_US = 5.0  # shapes whose floor is below this get SHORT_REPS_FACTOR times the reps
+SHORT_REPS_FACTOR = 4
+
+
+def reps_for(shape: Shape, gpu: Gpu, reps: int) -> int:
+    """Timed runs per median for a shape: launch jitter is a larger share of a few-µs
+    kernel (on the H200, 256^3 ratios moved 9% between two runs at 50 reps), so short
+    shapes get more runs; they cost little."""
+    return reps * SHORT_REPS_FACTOR if gpu.floor_us(shape.m, shape.n, shape.k) < SHORT_KERNEL_US else reps
 
 
 def task_timeout(shape: Shape, gpu: Gpu, runners: int) -> float:
@@ -152,7 +164,7 @@ def bench(
                 f"{len(wanted)} baseline(s)")
             task = {"kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k,
                     "b_layout": b_layout, "candidates": candidates, "baselines": wanted,
-                    "shim": shim, "seeds": seeds, "reps": reps}
+                    "shim": shim, "seeds": seeds, "reps": reps_for(shape, gpu, reps)}
             outcome = measure(worker, task, task_timeout(shape, gpu, len(candidates) + len(wanted)))
             if outcome.get("device"):
                 results["device"] = outcome["device"].get("name")
