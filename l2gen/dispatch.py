@@ -19,7 +19,6 @@ one, and tests inject a fake that runs on the CPU.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.resources
 import logging
 import math
@@ -274,17 +273,9 @@ def _torch_matmul(a, b, out=None):
 # The real launcher: generated libraries through ctypes, on torch's current stream.
 
 
-@dataclass
-class _Kernel:
-    library: Any
-    fn: Any
-    workspace_fn: Any
-    entry: str
-
-
 class TorchLauncher:
-    """Builds with :func:`l2gen.build.build_many`, loads with ctypes, launches on
-    ``torch.cuda.current_stream()``. Entry ABI: ``templates/common.cuh.j2``."""
+    """Builds with :func:`l2gen.build.build_many`, loads with :class:`l2gen.runtime.Library`,
+    launches on ``torch.cuda.current_stream()``. Entry ABI: ``templates/common.cuh.j2``."""
 
     def __init__(self, *, build_many=None):
         import torch
@@ -292,8 +283,9 @@ class TorchLauncher:
         self.torch = torch
         self._build_many = build_many
 
-    def load(self, program: Program, gpu: Gpu) -> _Kernel:
+    def load(self, program: Program, gpu: Gpu):
         from .lower import lower
+        from .runtime import Library
 
         build_many = self._build_many
         if build_many is None:
@@ -302,17 +294,10 @@ class TorchLauncher:
         [result] = build_many([source])
         if not result.ok or result.library is None:
             raise RuntimeError(f"build failed: {result.error}")
-        lib = ctypes.CDLL(str(result.library))
-        fn = getattr(lib, source.entry)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 10 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        ws = getattr(lib, source.entry + "_workspace")
-        ws.restype = ctypes.c_size_t
-        ws.argtypes = [ctypes.c_int] * 7
-        return _Kernel(lib, fn, ws, source.entry)
+        return Library.load(result.library, source.entry)
 
-    def workspace(self, kernel: _Kernel, m: int, n: int, k: int, knobs: Knobs, like) -> tuple:
-        nbytes = int(kernel.workspace_fn(m, n, k, *knobs.as_args()))
+    def workspace(self, kernel, m: int, n: int, k: int, knobs: Knobs, like) -> tuple:
+        nbytes = kernel.workspace_size(m, n, k, knobs)
         if nbytes == 0:
             return (None, 0)
         return (self.torch.empty(nbytes, dtype=self.torch.uint8, device=like.device), nbytes)
@@ -330,10 +315,10 @@ class TorchLauncher:
     def empty(self, like, m: int, n: int):
         return self.torch.empty((m, n), dtype=like.dtype, device=like.device)
 
-    def launch(self, kernel: _Kernel, a, b, out, m: int, n: int, k: int, knobs: Knobs, workspace) -> int:
+    def launch(self, kernel, a, b, out, m: int, n: int, k: int, knobs: Knobs, workspace) -> int:
         buf, nbytes = workspace
         stream = self.torch.cuda.current_stream(a.device).cuda_stream
-        return kernel.fn(a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, k, n, n, *knobs.as_args(), buf.data_ptr() if buf is not None else None, nbytes, stream)
+        return kernel.launch(a, b, out, m, n, k, k, n, n, knobs, buf, nbytes, stream, check=False)
 
     def capturing(self) -> bool:
         return bool(self.torch.cuda.is_current_stream_capturing())
