@@ -44,6 +44,7 @@ from .ir import Program
 from .printer import format_program
 from .search.base import Shape
 from .targets import Gpu
+from .toolchain import found_nvcc_version
 from .worker import Worker, knobs_to_dict, measure
 
 Progress = Callable[[str], None]
@@ -147,7 +148,7 @@ def bench(
 
     results = {
         "gpu": gpu.name, "device": None, "date": datetime.now(timezone.utc).isoformat(
-            timespec="seconds"), "commit": git_commit(), "nvcc": nvcc_version(),
+            timespec="seconds"), "commit": git_commit(), "nvcc": found_nvcc_version(),
         "reps": reps, "seeds": seeds, "rows": [], "shapes": [],
     }
     own_worker = worker is None
@@ -290,16 +291,6 @@ def git_commit() -> str | None:
         return None
     sha = run.stdout.strip()
     return sha if run.returncode == 0 and sha else None
-
-
-def nvcc_version() -> str | None:
-    from .toolchain import ToolchainError, find_nvcc
-    from .toolchain import nvcc_version as version
-
-    try:
-        return version(find_nvcc())
-    except ToolchainError:
-        return None
 
 
 # ---- the table and the plot -----------------------------------------------------------

@@ -32,6 +32,7 @@ from .parse import parse
 from .printer import format_program
 from .search.base import Measurement, Shape, program_key
 from .targets import Gpu
+from .toolchain import found_nvcc_version
 
 SCHEMA_VERSION = 1
 FORMAT = "l2gen-kernel-db"
@@ -380,7 +381,7 @@ def collect_env() -> dict:
             env[key] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             pass
-    env["nvcc"] = _tool_output(["nvcc", "--version"], lambda out: out.strip().splitlines()[-1])
+    env["nvcc"] = found_nvcc_version()
     env["driver"] = _tool_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], lambda out: out.strip().splitlines()[0])
     return {k: v for k, v in env.items() if v}
 

@@ -129,6 +129,15 @@ def nvcc_version(nvcc: Path) -> str:
     return _nvcc_version(str(nvcc), stat.st_mtime_ns, stat.st_size)
 
 
+def found_nvcc_version() -> str | None:
+    """The version of the nvcc :func:`find_nvcc` finds, or None if there is none (for
+    recording the environment of a result, where a missing compiler is not an error)."""
+    try:
+        return nvcc_version(find_nvcc())
+    except ToolchainError:
+        return None
+
+
 @lru_cache(maxsize=None)
 def _nvcc_version(nvcc: str, _mtime: int, _size: int) -> str:
     try:
