@@ -10,15 +10,20 @@ import argparse
 import sys
 from pathlib import Path
 
-from .diagnostics import DiagnosticError
+from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Program
 from .targets import DEFAULT_GPU, GPUS, Gpu, get_gpu
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
-def _eprint(*args) -> None:
-    print(*args, file=sys.stderr)
+def eprint(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def fail(code: str, message: str) -> DiagnosticError:
+    """A diagnostic with no source location, for errors in a command's arguments."""
+    return DiagnosticError([Diagnostic(code, message)])
 
 
 def _load(paths: list[str], gpu: Gpu, *, check_too: bool = True) -> tuple[list[tuple[str, Program]], bool]:
@@ -32,13 +37,13 @@ def _load(paths: list[str], gpu: Gpu, *, check_too: bool = True) -> tuple[list[t
             program = parse_file(path)
         except DiagnosticError as exc:
             for d in exc.diagnostics:
-                _eprint(d)
+                eprint(d)
             ok = False
             continue
         if check_too:
             diags = check(program, gpu)
             for d in diags:
-                _eprint(d)
+                eprint(d)
             if any(d.is_error for d in diags):
                 ok = False
                 continue
@@ -112,7 +117,7 @@ def cmd_build(args) -> int:
 
     def progress(done, total, result):
         state = "cached" if result.cached else ("ok" if result.ok else "FAILED")
-        _eprint(f"[{done}/{total}] {result.source.program.name}: {state} ({result.seconds:.1f} s)")
+        eprint(f"[{done}/{total}] {result.source.program.name}: {state} ({result.seconds:.1f} s)")
 
     results = build_many(sources, jobs=args.jobs, timeout=args.timeout, progress=progress, force=args.force)
     for (path, _), result in zip(programs, results):
@@ -120,9 +125,9 @@ def cmd_build(args) -> int:
             print(f"{path}: {result.library}")
         else:
             ok = False
-            _eprint(f"{path}: build failed: {result.error}")
-            _eprint(result.log[-3000:])
-            _eprint(f"reproduce with:\n  {result.command}")
+            eprint(f"{path}: build failed: {result.error}")
+            eprint(result.log[-3000:])
+            eprint(f"reproduce with:\n  {result.command}")
     return EXIT_OK if ok else EXIT_FAIL
 
 
@@ -184,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except DiagnosticError as exc:
         for d in exc.diagnostics:
-            _eprint(d)
+            eprint(d)
         return EXIT_FAIL
     except KeyboardInterrupt:
-        _eprint("interrupted")
+        eprint("interrupted")
         return 130
     except BrokenPipeError:
         return EXIT_OK

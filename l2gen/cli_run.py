@@ -4,17 +4,11 @@ compiler's. Each imports its stage only when it runs, so ``l2gen check`` stays f
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from .cli import EXIT_FAIL, EXIT_OK, eprint, fail
 from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Span
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def _eprint(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def load_suite(path: str) -> list:
@@ -45,7 +39,7 @@ def load_suite(path: str) -> list:
             ) from None
         shapes.append(Shape(m, n, k))
     if len(set(shapes)) != len(shapes):
-        _eprint(f"{path}: duplicate shapes dropped")
+        eprint(f"{path}: duplicate shapes dropped")
         shapes = list(dict.fromkeys(shapes))
     return shapes
 
@@ -58,11 +52,11 @@ def _shapes(args) -> list:
         try:
             shapes.append(Shape.parse(text))
         except ValueError as exc:
-            raise DiagnosticError([Diagnostic("E-SHAPE", str(exc))]) from None
+            raise fail("E-SHAPE", str(exc)) from None
     if args.suite:
         shapes += load_suite(args.suite)
     if not shapes:
-        raise DiagnosticError([Diagnostic("E-SHAPE", "no shapes: give --shape MxNxK or --suite FILE")])
+        raise fail("E-SHAPE", "no shapes: give --shape MxNxK or --suite FILE")
     return shapes
 
 
@@ -73,7 +67,7 @@ def cmd_sample(args) -> int:
 
     def progress(done, total, result):
         state = "cached" if result.cached else ("ok" if result.ok else "FAILED: " + (result.error or ""))
-        _eprint(f"[{done}/{total}] {result.source.program.name} {state} ({result.seconds:.0f} s)")
+        eprint(f"[{done}/{total}] {result.source.program.name} {state} ({result.seconds:.0f} s)")
         if args.out:  # a tally on disk as results land, so a run cut short still leaves evidence
             partial.update(done=done, total=total)
             if not result.ok:
@@ -88,8 +82,8 @@ def cmd_sample(args) -> int:
     for fam, s in sorted(report.compile_seconds.items()):
         print(f"  {fam}: {s['n']} compiled, {s['min']}/{s['median']}/{s['max']} s min/median/max")
     for f in report.failures:
-        _eprint(f["error"])
-        _eprint(f"  reproduce: {f['command']}")
+        eprint(f["error"])
+        eprint(f"  reproduce: {f['command']}")
     return EXIT_OK if report.failed == 0 else EXIT_FAIL
 
 
@@ -99,14 +93,14 @@ def cmd_bench(args) -> int:
     from .runtime import device_count
 
     if device_count() == 0:
-        raise DiagnosticError([Diagnostic("E-GPU", "no CUDA GPU found (or no driver for this CUDA runtime): bench needs one; 'l2gen build' and 'l2gen tune --simulate' do not")])
+        raise fail("E-GPU", "no CUDA GPU found (or no driver for this CUDA runtime): bench needs one; 'l2gen build' and 'l2gen tune --simulate' do not")
     programs = []
     for path in args.files:
         programs.append(parse_file(path))
     if args.db:
         programs += _db_programs(args)
     if not programs:
-        raise DiagnosticError([Diagnostic("E-USAGE", "no programs: give DSL files or --db")])
+        raise fail("E-USAGE", "no programs: give DSL files or --db")
     out = Path(args.out)
     plot = None if args.no_plot else out.with_suffix(".png")
     results = bench(programs, _shapes(args), args.gpu, out_json=out, plot_png=plot, reps=args.reps, seeds=args.seeds, jobs=args.jobs)
@@ -114,7 +108,7 @@ def cmd_bench(args) -> int:
     print(f"results: {out}" + (f", plot: {plot}" if plot and plot.exists() else ""))
     failed = [r for r in results["rows"] if r["status"] != "ok"]
     if failed:
-        _eprint(f"{len(failed)} of {len(results['rows'])} program x shape rows did not pass (see the table)")
+        eprint(f"{len(failed)} of {len(results['rows'])} program x shape rows did not pass (see the table)")
     return EXIT_FAIL if failed else EXIT_OK
 
 

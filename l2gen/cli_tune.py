@@ -3,20 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from .diagnostics import Diagnostic, DiagnosticError
-
-EXIT_OK, EXIT_FAIL = 0, 1
-
-
-def _eprint(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
-
-
-def _fail(code: str, message: str) -> DiagnosticError:
-    return DiagnosticError([Diagnostic(code, message)])
+from .cli import EXIT_FAIL, EXIT_OK, eprint, fail
 
 
 def _policy(args):
@@ -29,14 +18,14 @@ def _policy(args):
             try:
                 return EmbeddedPolicy.load(args.policy_state, gpu=args.gpu)
             except (OSError, ValueError) as exc:
-                raise _fail("E-POLICY", f"{args.policy_state}: {exc}") from None
+                raise fail("E-POLICY", f"{args.policy_state}: {exc}") from None
         return EmbeddedPolicy(args.gpu, seed=args.seed)
     from .search.llm import LLMConfig, LLMConfigError, LLMPolicy
 
     try:
         config = LLMConfig.from_env(base_url=args.llm_base_url, model=args.llm_model, mode=args.llm_mode)
     except LLMConfigError as exc:
-        raise _fail("E-LLM", str(exc)) from None
+        raise fail("E-LLM", str(exc)) from None
     return LLMPolicy(config, args.gpu, seed=args.seed)
 
 
@@ -45,18 +34,18 @@ def _evaluator(args):
         from .search.simulate import SimulatedEvaluator
 
         return SimulatedEvaluator(args.gpu)
-    from .search.evaluate import DeviceEvaluator, worker_runner
     from .baselines import ShimError, build_shim
     from .runtime import device_count
+    from .search.evaluate import DeviceEvaluator, worker_runner
     from .worker import Worker
 
     if device_count() == 0:
-        raise _fail("E-GPU", "no CUDA GPU found; use --simulate to run the search against the analytic model")
+        raise fail("E-GPU", "no CUDA GPU found; use --simulate to run the search against the analytic model")
     try:
         shim = str(build_shim())
     except ShimError as exc:
-        raise _fail("E-BASELINE", f"cannot build the cuBLAS baseline shim: {exc}") from None
-    progress = (lambda d, t, r: _eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
+        raise fail("E-BASELINE", f"cannot build the cuBLAS baseline shim: {exc}") from None
+    progress = (lambda d, t, r: eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
     return DeviceEvaluator(args.gpu, worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps), jobs=args.jobs, progress=progress)
 
 
@@ -66,20 +55,20 @@ def cmd_tune(args, shapes_of) -> int:
 
     shapes = shapes_of(args)
     if args.budget <= 0:
-        raise _fail("E-BUDGET", f"--budget must be a positive number of measured candidates per shape, got {args.budget}")
+        raise fail("E-BUDGET", f"--budget must be a positive number of measured candidates per shape, got {args.budget}")
     policy = _policy(args)
     evaluator = _evaluator(args)
     try:
         db = KernelDB(args.db)
         summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu)
     except DatabaseError as exc:
-        raise _fail("E-DB", str(exc)) from None
+        raise fail("E-DB", str(exc)) from None
     except ValueError as exc:
-        raise _fail("E-TUNE", str(exc)) from None
+        raise fail("E-TUNE", str(exc)) from None
     except Exception as exc:  # an LLM policy that cannot go on (auth, unknown model, ...)
         if type(exc).__name__ != "LLMError":
             raise
-        _eprint(f"[tune] the LLM policy stopped: {exc}; every measurement so far is in {args.db}")
+        eprint(f"[tune] the LLM policy stopped: {exc}; every measurement so far is in {args.db}")
         return EXIT_FAIL
     print(summary.table())
     if hasattr(policy, "stats"):
@@ -98,7 +87,7 @@ def cmd_db(args) -> int:
     from .printer import format_program
 
     if args.action != "show" and not args.file:
-        raise _fail("E-USAGE", f"'l2gen db {args.action}' needs a JSON file: l2gen db {args.action} FILE --db {args.db}")
+        raise fail("E-USAGE", f"'l2gen db {args.action}' needs a JSON file: l2gen db {args.action} FILE --db {args.db}")
     try:
         db = KernelDB(args.db, readonly=args.action in ("show", "export"))
         if args.action == "show":
@@ -118,7 +107,7 @@ def cmd_db(args) -> int:
             n = db.import_json(args.file)
             print(f"imported {n} measurements from {args.file}")
     except DatabaseError as exc:
-        raise _fail("E-DB", str(exc)) from None
+        raise fail("E-DB", str(exc)) from None
     return EXIT_OK
 
 
