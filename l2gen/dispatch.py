@@ -31,6 +31,7 @@ from typing import Any, Callable, Protocol
 from .db import DatabaseError, KernelDB
 from .ir import BLayout, Knobs, Program
 from .search.base import Shape, program_key
+from .search.evaluate import build_program, unserved
 from .targets import GPUS, Gpu
 
 log = logging.getLogger("l2gen.dispatch")
@@ -146,9 +147,9 @@ class Dispatcher:
 
     def plan(self, m: int, n: int, k: int) -> Plan | None:
         """The program that would serve a shape, or None for the fallback."""
-        if self.db is None or min(m, n, k) <= 0 or k % 8 or n % 8:  # see search.evaluate.unserved
-            return None
         shape = Shape(m, n, k)
+        if self.db is None or unserved(shape):
+            return None
         try:
             found = self.db.best(self.gpu, shape, b_layout=BLayout.KN)
         except DatabaseError as exc:
@@ -232,7 +233,7 @@ class Dispatcher:
             return state
 
     def _ready(self, plan: Plan, m: int, n: int, k: int, like) -> _Ready:
-        key = program_key(_strip_knobs(plan.program))
+        key = program_key(build_program(plan.program))
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self.launcher.load(plan.program, self.gpu)
@@ -257,10 +258,6 @@ class Dispatcher:
         return "fallback" if state is _FALLBACK else state.plan.program.name
 
 
-def _strip_knobs(program: Program) -> Program:
-    from .search.evaluate import build_program
-
-    return build_program(program)
 
 
 def _torch_matmul(a, b, out=None):
@@ -290,7 +287,7 @@ class TorchLauncher:
         build_many = self._build_many
         if build_many is None:
             from .build import build_many
-        source = lower(_strip_knobs(program), gpu)
+        source = lower(build_program(program), gpu)
         [result] = build_many([source])
         if not result.ok or result.library is None:
             raise RuntimeError(f"build failed: {result.error}")
