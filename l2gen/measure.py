@@ -151,9 +151,8 @@ def _measure(task: dict, note: Note) -> dict:
         ev = {"event_us": sample.median_us, "wall_us": sample.wall_us, "host_us": sample.host_us,
               "batch": sample.batch, "batch_event_us": sample.batch_event_us, "escaped": sample.escaped}
         if sample.escaped:
-            seen = sample.batch_event_us if sample.batch_event_us is not None else sample.median_us
             results[key] = dict(failed(name, "escaped", (
-                f"event time per call of a back-to-back batch, {seen:.2f} us, is under "
+                f"event time per call of a back-to-back batch, {sample.judged_us:.2f} us, is under "
                 f"{ESCAPE_RATIO:g} x its synchronized wall time per call, {sample.wall_us:.2f} us (host enqueue "
                 f"{sample.host_us:.2f} us): the work escaped the timed stream")),
                 relerr=relerrs[key], escaped=True, event_vs_wall=ev)

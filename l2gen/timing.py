@@ -109,9 +109,13 @@ class TimingSample:
         return spread(self.event_us)
 
     @property
+    def judged_us(self) -> float:
+        """The event time per call the escape rule holds against the wall time."""
+        return self.batch_event_us if self.batch_event_us is not None else self.median_us
+
+    @property
     def escaped(self) -> bool:
-        seen = self.batch_event_us if self.batch_event_us is not None else self.median_us
-        return escaped(seen, self.wall_us, self.host_us)
+        return escaped(self.judged_us, self.wall_us, self.host_us)
 
     def to_dict(self) -> dict:
         return {
