@@ -188,6 +188,12 @@ class Program:
         return replace(self, config=replace(self.config, **changes))
 
 
+def given(values: dict, **fields) -> dict:
+    """Keyword arguments for a record from the decisions that were made, each through its
+    converter (None: as is); the rest are left to the record's own defaults."""
+    return {name: (convert or (lambda v: v))(values[name]) for name, convert in fields.items() if name in values}
+
+
 def decision_names(cls) -> list[str]:
     """Names of the decision fields of a config record, in declaration order."""
     return [f.name for f in fields(cls) if f.name not in ("spans", "span")]

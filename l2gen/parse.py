@@ -24,13 +24,14 @@ from .ir import (
     Program,
     Raster,
     Scheduler,
-    SplitK,
     Sm80Config,
     Sm80Epilogue,
     Sm90Config,
     Sm90Epilogue,
     Span,
+    SplitK,
     Tile,
+    given,
 )
 
 GRAMMAR_DIR = Path(__file__).resolve().parent / "grammar"
@@ -204,16 +205,12 @@ class _Builder:
                     Diagnostic("E-VALUE", "sm80 kernels need a stage count, not 'auto'", spans["stages"])
                 )
                 return None
-            cfg_kwargs = dict(
+            config = Sm80Config(
                 tile=get["tile"],
-                warps=get.get("warps", (2, 2)),
-                stages=get.get("stages", 3),
                 swizzle=get.get("smem_swizzle", default_smem_swizzle(get["tile"])),
-                epilogue=Sm80Epilogue(epilogue or "smem"),
-                split_k=SplitK(get.get("split_k", "none")),
-                min_blocks=get.get("min_blocks", 1),
+                **given(get, warps=None, stages=None, epilogue=Sm80Epilogue, split_k=SplitK, min_blocks=None),
+                spans=spans,
             )
-            config = Sm80Config(**cfg_kwargs, spans=spans)
         else:
             if epilogue == "smem":
                 self.diags.append(
@@ -224,22 +221,21 @@ class _Builder:
                     )
                 )
                 return None
-            stages = get.get("stages", "auto")
             config = Sm90Config(
                 tile=get["tile"],
-                cluster=get.get("cluster", (1, 1, 1)),
-                mainloop=Mainloop(get.get("mainloop", "cooperative")),
-                epilogue=Sm90Epilogue(epilogue or "tma"),
-                stages=0 if stages == "auto" else stages,
-                scheduler=Scheduler(get.get("scheduler", "persistent")),
+                **given(
+                    get,
+                    cluster=None,
+                    mainloop=Mainloop,
+                    epilogue=Sm90Epilogue,
+                    stages=lambda v: 0 if v == "auto" else v,
+                    scheduler=Scheduler,
+                ),
                 spans=spans,
             )
         knob_span = spans.get("splits") or spans.get("swizzle") or spans.get("raster") or header
         knobs = Knobs(
-            raster=Raster(get.get("raster", "heuristic")),
-            swizzle=get.get("swizzle", 0),
-            splits=get.get("splits", 1),
-            decomposition=Decomposition(get.get("decomposition", "heuristic")),
+            **given(get, raster=Raster, swizzle=None, splits=None, decomposition=Decomposition),
             span=knob_span,
         )
         return Program(

@@ -27,6 +27,7 @@ from .ir import (
     Sm90Epilogue,
     SplitK,
     Tile,
+    given,
 )
 from .targets import Gpu
 
@@ -79,31 +80,18 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
     if family is Family.SM80:
         config = Sm80Config(
             tile=tile,
-            warps=tuple(c.get("warps", (2, 2))),
-            stages=c.get("stages", 3),
             swizzle=(c.get("smem_swizzle_b", 3), 3, 3),
-            epilogue=Sm80Epilogue(c.get("epilogue", Sm80Epilogue.SMEM)),
-            split_k=SplitK(c.get("split_k", SplitK.NONE)),
-            min_blocks=c.get("min_blocks", 1),
+            **given(c, warps=tuple, stages=None, epilogue=Sm80Epilogue, split_k=SplitK, min_blocks=None),
         )
     else:
-        cm, cn = c.get("cluster", (1, 1))
         config = Sm90Config(
             tile=tile,
-            cluster=(cm, cn, 1),
-            mainloop=Mainloop(c.get("mainloop", Mainloop.COOPERATIVE)),
-            epilogue=Sm90Epilogue(c.get("epilogue", Sm90Epilogue.TMA)),
-            stages=c.get("stages", 0),
-            scheduler=Scheduler(c.get("scheduler", Scheduler.PERSISTENT)),
+            **given(c, cluster=lambda mn: (*mn, 1), mainloop=Mainloop, epilogue=Sm90Epilogue, stages=None, scheduler=Scheduler),
         )
-    knobs = Knobs(
-        raster=Raster(c.get("raster", Raster.HEURISTIC)),
-        swizzle=c.get("swizzle", 0),
-        splits=c.get("splits", 1),
-        decomposition=Decomposition(c.get("decomposition", Decomposition.HEURISTIC))
-        if family is Family.SM90
-        else Decomposition.HEURISTIC,
-    )
+    knob_fields = dict(raster=Raster, swizzle=None, splits=None)
+    if family is Family.SM90:
+        knob_fields["decomposition"] = Decomposition
+    knobs = Knobs(**given(c, **knob_fields))
     return Program(name or default_name(family, config), family, b_layout, config, knobs)
 
 
