@@ -37,12 +37,13 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from .baselines import BASELINES, ShimError, build_shim, cublas_best, result_key
 from .ir import Program
 from .printer import format_program
 from .search.base import Shape
+from .search.evaluate import build_program
 from .targets import Gpu
 from .toolchain import found_nvcc_version
 from .worker import Worker, knobs_to_dict, measure
@@ -91,10 +92,16 @@ def bench(
     jobs: int | None = None,
     build_timeout: float = 600,
     worker: Worker | None = None,
+    only: Mapping[Shape, Collection[str]] | None = None,
 ) -> dict:
     """Lower, build and measure ``programs`` on ``shapes``; write ``out_json`` (after every
-    shape, so an interrupted run keeps what it measured) and print the table to stdout.
-    Returns the results (the file's content)."""
+    shape, so an interrupted run keeps what it measured). Returns the results (the file's
+    content).
+
+    Each program is built from :func:`~l2gen.search.evaluate.build_program` (its knobs at
+    their defaults) and launched with its own knobs, so knob variants share one library,
+    the same one ``l2gen tune`` built. ``only`` maps a shape to the names of the programs
+    to run on it (all of them for a shape it does not name)."""
     from .build import build_many
     from .diagnostics import DiagnosticError
     from .lower import lower
@@ -106,12 +113,13 @@ def bench(
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"program names must be unique in a bench (repeated: {', '.join(dup)})")
     texts = {p.name: format_program(p) for p in programs}
+    built_texts = {p.name: format_program(build_program(p)) for p in programs}
     # Lower and build: a program that fails either gets rows with its error for every shape.
     fails: dict[str, tuple[str, str]] = {}
     sources = {}
     for p in programs:
         try:
-            sources[p.name] = lower(p, gpu)
+            sources[p.name] = lower(build_program(p), gpu)
         except DiagnosticError as e:
             fails[p.name] = ("rejected", str(e))
         except Exception as e:  # a template error: a bug, but still a row, not a crash
@@ -123,9 +131,8 @@ def bench(
         say(f"[build] {done}/{total} {r.source.program.name}: {state} ({r.seconds:.0f} s)")
 
     built = {}
-    for r in build_many(list(sources.values()), jobs=jobs, timeout=build_timeout,
-                        progress=on_build):
-        name = r.source.program.name
+    for name, r in zip(sources, build_many(list(sources.values()), jobs=jobs,
+                                           timeout=build_timeout, progress=on_build)):
         if r.ok:
             built[name] = r
         else:
@@ -155,11 +162,12 @@ def bench(
     worker = worker or Worker()
     try:
         for i, shape in enumerate(shapes, 1):
+            here = [p for p in serving if only is None or shape not in only or p.name in only[shape]]
             candidates = [
                 {"name": p.name, "library": str(built[p.name].library),
-                 "entry": built[p.name].source.entry, "program_text": texts[p.name],
+                 "entry": built[p.name].source.entry, "program_text": built_texts[p.name],
                  "knobs": knobs_to_dict(p.knobs)}
-                for p in serving if p.name in built
+                for p in here if p.name in built
             ]
             say(f"[bench] {i}/{len(shapes)} {shape}: {len(candidates)} program(s), "
                 f"{len(wanted)} baseline(s)")
@@ -176,7 +184,7 @@ def bench(
                         base[b] = {"status": "unavailable", "time_us": None, "error": shim_error}
             by_name = {c["name"]: c for c in outcome.get("candidates", [])}
             rows = []
-            for p in serving:
+            for p in here:
                 if p.name in fails:
                     status, error = fails[p.name]
                     cand = {"status": status, "error": error, "time_us": None, "relerr": None}

@@ -150,7 +150,8 @@ def fake_gpu(task: dict, note) -> dict:
     for cand in task["candidates"]:
         name = cand["name"]
         note({"phase": "verify", "candidate": name})
-        assert cand["program_text"].startswith(f"kernel {name} {{")
+        # the program a library is built from: knobs at their defaults, the canonical name
+        assert cand["program_text"].startswith("kernel sm80_128x128x32 {")
         assert cand["library"] == f"/fake/{name}.so"
         if name == "crash":
             os._exit(9)
@@ -164,8 +165,17 @@ def fake_gpu(task: dict, note) -> dict:
             "baselines": {n: b for n, b in ok_baselines().items() if n in task["baselines"]}}
 
 
+# Each fake program has its own pipeline depth: bench builds a program under its canonical
+# name, so the fakes tell the programs apart by configuration.
+STAGES = {"fast": 2, "slow": 3, "wrong": 4, "crash": 5, "rejectme": 6, "brokenbuild": 7, "weights": 8}
+
+
 def _program(name, layout=BLayout.KN):
-    return Program(name, Family.SM80, layout, Sm80Config(Tile(128, 128, 32)))
+    return Program(name, Family.SM80, layout, Sm80Config(Tile(128, 128, 32), stages=STAGES[name]))
+
+
+def _behaviour(program) -> str:
+    return {v: k for k, v in STAGES.items()}[program.config.stages]
 
 
 def test_bench_end_to_end_with_fakes(tmp_path, monkeypatch, capsys):
@@ -175,17 +185,18 @@ def test_bench_end_to_end_with_fakes(tmp_path, monkeypatch, capsys):
     from l2gen.lower import KernelSource
 
     def fake_lower(program, gpu):
-        if program.name == "rejectme":
+        name = _behaviour(program)
+        if name == "rejectme":
             raise DiagnosticError([Diagnostic("E-TILE", "tile too big")])
-        return KernelSource(program, gpu.name, f"e_{program.name}", "// code", "-gencode=x")
+        return KernelSource(program, gpu.name, f"e_{name}", f"// {name}", "-gencode=x")
 
     def fake_build_many(sources, jobs=None, timeout=600, progress=None):
         out = []
         for i, s in enumerate(sources, 1):
-            if s.program.name == "brokenbuild":
+            if _behaviour(s.program) == "brokenbuild":
                 r = BuildResult(s, None, error="kernel.cu(1): error: nope", command="nvcc ...")
             else:
-                r = BuildResult(s, Path(f"/fake/{s.program.name}.so"))
+                r = BuildResult(s, Path(f"/fake/{_behaviour(s.program)}.so"))
             if progress:
                 progress(i, len(sources), r)
             out.append(r)
@@ -233,3 +244,44 @@ def test_bench_end_to_end_with_fakes(tmp_path, monkeypatch, capsys):
     assert "64x4096x4096" in table and "fast" in table
     assert "[bench] 1/2 64x4096x4096" in captured.err  # progress
     assert "weights: B layout nk" in captured.err
+
+
+def test_knob_variants_share_a_build_and_only_limits_the_shapes(tmp_path, monkeypatch):
+    """Two programs that differ only in run-time knobs build one library (the one tune
+    built) and each launches with its own knobs; ``only`` runs a program on its shapes."""
+    import dataclasses
+
+    import l2gen.build
+    import l2gen.lower
+    from l2gen.build import BuildResult
+    from l2gen.ir import Knobs, Raster
+    from l2gen.lower import KernelSource
+
+    built, launched = [], []
+
+    def fake_lower(program, gpu):
+        return KernelSource(program, gpu.name, "e_fast", "// one build", "-gencode=x")
+
+    def fake_build_many(sources, jobs=None, timeout=600, progress=None):
+        built.extend(s.key for s in sources)
+        return [BuildResult(s, Path("/fake/fast.so")) for s in sources]
+
+    def fake_measure(worker, task, timeout=None):
+        launched.extend((task["m"], c["name"], c["knobs"]["raster"]) for c in task["candidates"])
+        return {"status": "ok", "candidates": [{"name": c["name"], "status": "ok", "time_us": 8.0, "relerr": 1e-4}
+                                               for c in task["candidates"]],
+                "baselines": {n: b for n, b in ok_baselines().items() if n in task["baselines"]}}
+
+    monkeypatch.setattr(l2gen.lower, "lower", fake_lower)
+    monkeypatch.setattr(l2gen.build, "build_many", fake_build_many)
+    monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
+    monkeypatch.setattr(bench_mod, "measure", fake_measure)
+    a = _program("fast")
+    b = dataclasses.replace(a, name="fast_along_m", knobs=Knobs(raster=Raster.ALONG_M))
+    s1, s2 = Shape(64, 64, 64), Shape(128, 64, 64)
+    res = bench_mod.bench([a, b], [s1, s2], H200, out_json=tmp_path / "r.json", worker=object(),
+                          only={s2: {"fast_along_m"}}, progress=None)
+    assert len(set(built)) == 1
+    assert launched == [(64, "fast", "heuristic"), (64, "fast_along_m", "along_m"), (128, "fast_along_m", "along_m")]
+    assert [(r["m"], r["program"]) for r in res["rows"]] == [(64, "fast"), (64, "fast_along_m"), (128, "fast_along_m")]
+    assert "raster       along_m" in res["rows"][2]["program_text"]
