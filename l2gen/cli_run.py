@@ -97,13 +97,24 @@ def cmd_bench(args) -> int:
     programs = []
     for path in args.files:
         programs.append(parse_file(path))
+    only = None
+    shapes = _shapes(args) if (args.shape or args.suite or not args.db) else []
     if args.db:
-        programs += _db_programs(args)
+        db_programs, own = _db_programs(args)
+        programs += db_programs
+        if not shapes:  # the database's own shapes
+            shapes = list(own)
+        if not args.db_all:  # each database program on the shape(s) it is the best for
+            files = {p.name for p in programs} - {p.name for p in db_programs}
+            only = {shape: own.get(shape, set()) | files for shape in shapes}
     if not programs:
         raise fail("E-USAGE", "no programs: give DSL files or --db")
+    names = [p.name for p in programs]
+    if len(set(names)) != len(names):
+        raise fail("E-USAGE", f"program names must be unique in a bench (repeated: {', '.join(sorted({n for n in names if names.count(n) > 1}))})")
     out = Path(args.out)
     plot = None if args.no_plot else out.with_suffix(".png")
-    results = bench(programs, _shapes(args), args.gpu, out_json=out, plot_png=plot, reps=args.reps, seeds=args.seeds, jobs=args.jobs)
+    results = bench(programs, shapes, args.gpu, out_json=out, plot_png=plot, reps=args.reps, seeds=args.seeds, jobs=args.jobs, only=only)
     print(format_table(results))
     print(f"results: {out}" + (f", plot: {plot}" if plot and plot.exists() else ""))
     failed = [r for r in results["rows"] if r["status"] != "ok"]
@@ -112,18 +123,84 @@ def cmd_bench(args) -> int:
     return EXIT_FAIL if failed else EXIT_OK
 
 
-def _db_programs(args) -> list:
-    """The best program of every shape in a database, deduplicated by text."""
-    from .db import KernelDB
+def _db_programs(args) -> tuple[list, dict]:
+    """The best program of every shape in a database, one per distinct program (named
+    after the first shape it is best for, ``<name>_<M>x<N>x<K>``), and for each shape the
+    name of its best."""
+    from dataclasses import replace
 
-    db = KernelDB(args.db, readonly=True)
-    db.check_gpu(args.gpu)
-    seen, out = set(), []
-    for program, _speedup, _time_us in db.best_all(args.gpu).values():
-        if program not in seen:
-            seen.add(program)
-            out.append(program)
-    return out
+    from .db import DatabaseError, KernelDB
+
+    try:
+        db = KernelDB(args.db, readonly=True)
+        db.check_gpu(args.gpu)
+        best = db.best_all(args.gpu)
+    except DatabaseError as exc:
+        raise fail("E-DB", str(exc)) from None
+    named: dict = {}  # program (knobs included, name aside) -> its bench name
+    own: dict = {}
+    for shape, (program, _speedup, _time_us) in sorted(best.items()):
+        key = replace(program, name="k")
+        if key not in named:
+            named[key] = replace(program, name=f"{program.name}_{shape.m}x{shape.n}x{shape.k}")
+        own[shape] = {named[key].name}
+    return list(named.values()), own
+
+
+def cmd_bench_dispatch(args) -> int:
+    from .dispatch_bench import bench_dispatch, format_table, write
+
+    try:
+        import torch
+    except ImportError:
+        raise fail("E-TORCH", "bench-dispatch times l2gen.matmul against torch.matmul: install torch") from None
+    if not torch.cuda.is_available():
+        raise fail("E-GPU", "no CUDA GPU visible to torch: bench-dispatch needs one")
+    shapes = _shapes(args)
+    try:
+        results = bench_dispatch(shapes, args.db, reps=args.reps, rounds=args.rounds, tolerance=args.tolerance, progress=eprint)
+    except RuntimeError as exc:
+        raise fail("E-GPU", str(exc)) from None
+    if args.out:
+        write(results, args.out)
+    print(format_table(results))
+    return EXIT_OK if results["ok"] else EXIT_FAIL
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare_db, compare_results
+
+    def load(path):
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise fail("E-RESULTS", f"{path}: cannot read a bench results file: {exc}") from None
+
+    if args.db:
+        from .db import DatabaseError, KernelDB
+
+        if len(args.files) != 1:
+            raise fail("E-USAGE", "with --db give one bench results file: l2gen compare --db KERNELS.db RESULTS.json")
+        try:
+            db = KernelDB(args.db, readonly=True)
+            db.check_gpu(args.gpu)
+            recorded = db.best_all(args.gpu)
+        except DatabaseError as exc:
+            raise fail("E-DB", str(exc)) from None
+        comparison = compare_db(recorded, load(args.files[0]), tolerance=args.tolerance, names=(args.db, args.files[0]))
+    else:
+        if len(args.files) != 2:
+            raise fail("E-USAGE", "give two bench results files: l2gen compare FIRST.json SECOND.json")
+        first, second = (load(f) for f in args.files)
+        comparison = compare_results(first, second, tolerance=args.tolerance, names=tuple(args.files))
+    print(comparison.table(all_rows=args.all))
+    if args.out:
+        data = {"first": comparison.first, "second": comparison.second, "tolerance": comparison.tolerance,
+                "summary": comparison.summary(), "ok": comparison.ok,
+                "pairs": [{"m": p.shape.m, "n": p.shape.n, "k": p.shape.k, "program": p.what, "first": p.first,
+                           "second": p.second, "change": p.change} for p in comparison.pairs]}
+        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    return EXIT_OK if comparison.ok else EXIT_FAIL
 
 
 def add_commands(sub) -> None:
@@ -139,7 +216,9 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("bench", help="verify and time programs against cuBLAS/cuBLASLt on shapes")
     p.add_argument("files", nargs="*", help="DSL programs")
-    p.add_argument("--db", help="also bench the best program of each shape in this kernel database")
+    p.add_argument("--db", help="also bench the best program of each shape in this kernel database, on that shape "
+                   "(and, without --shape/--suite, on the database's shapes only)")
+    p.add_argument("--db-all", action="store_true", help="run every --db program on every shape")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
     p.add_argument("--reps", type=int, default=50, help="timed runs per median (at least 30)")
@@ -148,6 +227,24 @@ def add_commands(sub) -> None:
     p.add_argument("-o", "--out", default="bench-results.json")
     p.add_argument("--no-plot", action="store_true")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("compare", help="do the speedups of one bench run reproduce in another (or a database's records)?")
+    p.add_argument("files", nargs="+", help="two bench results files (one with --db)")
+    p.add_argument("--db", help="compare this kernel database's recorded best speedups with one bench results file")
+    p.add_argument("--tolerance", type=float, default=0.03, help="largest relative change that counts as reproduced")
+    p.add_argument("--all", action="store_true", help="list every pair, not only those that moved")
+    p.add_argument("-o", "--out", help="write the comparison as JSON here")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("bench-dispatch", help="time l2gen.matmul against torch.matmul per shape (device and wall time per call)")
+    p.add_argument("--db", required=True, help="the kernel database the dispatcher serves from")
+    p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
+    p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
+    p.add_argument("--reps", type=int, default=50, help="event-timed calls per median")
+    p.add_argument("--rounds", type=int, default=5, help="back-to-back loops per wall-time median")
+    p.add_argument("--tolerance", type=float, default=0.03, help="largest slowdown that counts as noise")
+    p.add_argument("-o", "--out", help="write the results as JSON here")
+    p.set_defaults(func=cmd_bench_dispatch)
 
     from .cli_tune import add_commands as add_tune_commands
 

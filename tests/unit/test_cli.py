@@ -161,3 +161,33 @@ def test_bench_without_a_gpu_says_so(monkeypatch, capsys):
     monkeypatch.setattr(l2gen.runtime, "device_count", lambda: 0)
     assert main(["bench", str(EXAMPLES[0]), "--shape", "64x64x64"]) == 1
     assert "E-GPU: no CUDA GPU found" in capsys.readouterr().err
+
+
+def test_bench_db_runs_each_best_on_its_own_shape(tmp_path, monkeypatch, capsys):
+    """``l2gen bench --db`` with no shapes: the database's shapes, each with its own best;
+    a program best on two shapes runs once per shape under one unique name."""
+    import l2gen.bench
+    import l2gen.runtime
+    from l2gen.db import KernelDB
+    from l2gen.parse import parse
+    from l2gen.search.base import Measurement, Shape
+    from l2gen.targets import GPUS
+
+    db = KernelDB(tmp_path / "k.db")
+    fast = parse(GOOD.replace("kernel k", "kernel sm80_64x64x32"))
+    slow = parse(GOOD.replace("tile 64 x 64 x 32", "tile 128 x 64 x 32").replace("kernel k", "kernel sm80_128x64x32"))
+    for shape, program, t in [((64, 64, 64), fast, 5.0), ((64, 64, 64), slow, 9.0), ((128, 64, 64), fast, 6.0), ((256, 64, 64), slow, 7.0)]:
+        db.add(Measurement(Shape(*shape), program, "ok", time_us=t, baseline_us=10.0), GPUS["h200"])
+    seen = {}
+
+    def fake_bench(programs, shapes, gpu, *, only=None, **kw):
+        seen.update(names=[p.name for p in programs], shapes=shapes, only=only)
+        return {"rows": [], "shapes": []}
+
+    monkeypatch.setattr(l2gen.runtime, "device_count", lambda: 1)
+    monkeypatch.setattr(l2gen.bench, "bench", fake_bench)
+    assert main(["bench", "--db", str(tmp_path / "k.db"), "-o", str(tmp_path / "r.json"), "--no-plot"]) == 0
+    assert seen["names"] == ["sm80_64x64x32_64x64x64", "sm80_128x64x32_256x64x64"]
+    assert seen["shapes"] == [Shape(64, 64, 64), Shape(128, 64, 64), Shape(256, 64, 64)]
+    assert seen["only"] == {Shape(64, 64, 64): {"sm80_64x64x32_64x64x64"}, Shape(128, 64, 64): {"sm80_64x64x32_64x64x64"},
+                            Shape(256, 64, 64): {"sm80_128x64x32_256x64x64"}}

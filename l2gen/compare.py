@@ -1,0 +1,134 @@
+"""Does a measurement reproduce? Speedups of one bench run against another, or against a
+kernel database's records.
+
+What l2gen claims is a *ratio*: a program's time against cuBLAS-best measured in the same
+run. Absolute times drift with clocks from run to run; a ratio that moves more than the
+tolerance between two independent runs is noise, not a result. This module pairs up the
+ratios of two sources and says which moved:
+
+- two ``l2gen bench`` results files: every (shape, program) row that passed in both, and
+  every shape's best (the fastest program that passed, whichever it was);
+- a kernel database and a bench results file: each shape's recorded best speedup against
+  the bench row of the same program on the same shape (``l2gen bench --db`` makes those).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .search.base import Shape, program_key
+
+DEFAULT_TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One ratio in both sources. ``first``/``second`` are speedups over cuBLAS-best
+    (None where that source has no passing measurement)."""
+
+    shape: Shape
+    what: str  # a program name, or "best" for the shape's best
+    first: float | None
+    second: float | None
+
+    @property
+    def change(self) -> float | None:
+        """second / first - 1, or None if either side is missing."""
+        if not self.first or not self.second:
+            return None
+        return self.second / self.first - 1.0
+
+    def within(self, tolerance: float) -> bool:
+        change = self.change
+        return change is not None and abs(change) <= tolerance
+
+
+@dataclass
+class Comparison:
+    first: str
+    second: str
+    tolerance: float
+    pairs: list[Pair] = field(default_factory=list)
+
+    def misses(self) -> list[Pair]:
+        return [p for p in self.pairs if not p.within(self.tolerance)]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.pairs) and not self.misses()
+
+    def summary(self) -> dict:
+        """Counts for each kind of pair: {kind: {"pairs", "within", "max_change"}}."""
+        out = {}
+        for kind in ("program", "best"):
+            pairs = [p for p in self.pairs if (p.what == "best") == (kind == "best")]
+            changes = [abs(p.change) for p in pairs if p.change is not None]
+            out[kind] = {
+                "pairs": len(pairs),
+                "within": sum(p.within(self.tolerance) for p in pairs),
+                "missing": sum(p.change is None for p in pairs),
+                "max_change": max(changes) if changes else None,
+            }
+        return out
+
+    def table(self, *, all_rows: bool = False) -> str:
+        """The pairs that moved more than the tolerance (every pair with ``all_rows``),
+        then one summary line per kind."""
+        shown = self.pairs if all_rows else self.misses()
+        lines = []
+        if shown:
+            lines.append(f"{'shape':>20}  {'program':<32} {'first':>7} {'second':>7} {'change':>8}")
+            for p in shown:
+                first = f"{p.first:.3f}" if p.first else "-"
+                second = f"{p.second:.3f}" if p.second else "-"
+                change = f"{100 * p.change:+.1f}%" if p.change is not None else "missing"
+                flag = "" if p.within(self.tolerance) else "  <--"
+                lines.append(f"{str(p.shape):>20}  {p.what:<32} {first:>7} {second:>7} {change:>8}{flag}")
+            lines.append("")
+        for kind, s in self.summary().items():
+            if not s["pairs"]:
+                continue
+            worst = f", largest change {100 * s['max_change']:.1f}%" if s["max_change"] is not None else ""
+            missing = f", {s['missing']} missing on one side" if s["missing"] else ""
+            label = "per-shape best speedups" if kind == "best" else "program x shape speedups"
+            lines.append(f"{s['within']} of {s['pairs']} {label} within {100 * self.tolerance:.0f}%{worst}{missing}")
+        lines.append(f"({self.first} -> {self.second})")
+        return "\n".join(lines)
+
+
+def _shape(row: dict) -> Shape:
+    return Shape(int(row["m"]), int(row["n"]), int(row["k"]))
+
+
+def compare_results(first: dict, second: dict, *, tolerance: float = DEFAULT_TOLERANCE, names: tuple[str, str] = ("first", "second")) -> Comparison:
+    """Pair the speedups of two bench results (see :mod:`l2gen.bench` for the format):
+    every (shape, program) row present in either, then every shape's best."""
+    out = Comparison(*names, tolerance)
+    rows_a = {(_shape(r), r["program"]): r.get("speedup_vs_best") for r in first.get("rows", [])}
+    rows_b = {(_shape(r), r["program"]): r.get("speedup_vs_best") for r in second.get("rows", [])}
+    for key in sorted(rows_a.keys() | rows_b.keys()):
+        out.pairs.append(Pair(key[0], key[1], rows_a.get(key), rows_b.get(key)))
+    best_a = {_shape(s): s.get("speedup_vs_best") for s in first.get("shapes", [])}
+    best_b = {_shape(s): s.get("speedup_vs_best") for s in second.get("shapes", [])}
+    for shape in sorted(best_a.keys() | best_b.keys()):
+        out.pairs.append(Pair(shape, "best", best_a.get(shape), best_b.get(shape)))
+    return out
+
+
+def compare_db(recorded: dict, results: dict, *, tolerance: float = DEFAULT_TOLERANCE, names: tuple[str, str] = ("database", "bench")) -> Comparison:
+    """Pair each shape's recorded best (``KernelDB.best_all``: shape -> (program, speedup,
+    time_us)) with the bench row of the same program (by text, names aside) on that shape."""
+    from .diagnostics import DiagnosticError
+    from .parse import parse
+
+    out = Comparison(*names, tolerance)
+    measured: dict[tuple[Shape, str], float | None] = {}
+    for row in results.get("rows", []):
+        try:
+            key = program_key(parse(row["program_text"]))
+        except (DiagnosticError, KeyError, TypeError):
+            continue
+        measured[(_shape(row), key)] = row.get("speedup_vs_best")
+    for shape, (program, speedup, _time_us) in sorted(recorded.items()):
+        out.pairs.append(Pair(shape, program.name, speedup, measured.get((shape, program_key(program)))))
+    return out
