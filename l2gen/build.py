@@ -41,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
@@ -93,6 +94,17 @@ def cache_dir() -> Path:
 def cache_key(source: KernelSource, toolchain: Toolchain) -> str:
     """The cache key of a source: its code and flags, the toolchain and the build version."""
     return _key(source.key, toolchain)
+
+
+def cache_entry(source: KernelSource) -> Path | None:
+    """The cache folder holding ``source``'s built library (for the toolchain found now),
+    or None if it has not been built. Its ``lib.so`` may link to a bundle's entry."""
+    try:
+        toolchain = detect_toolchain()
+    except ToolchainError:
+        return None
+    entry = _entry_dir(_key(source.key, toolchain))
+    return entry if _rank(entry) == 2 else None
 
 
 def _key(source_key: str, toolchain: Toolchain) -> str:
@@ -330,6 +342,23 @@ def _entry_dir(key: str) -> Path:
     return cache_dir() / key[:2] / key
 
 
+_SLOTS: threading.BoundedSemaphore | None = None
+_SLOTS_LOCK = threading.Lock()
+
+
+def nvcc_slots() -> threading.BoundedSemaphore:
+    """The process-wide cap on nvcc processes running at once: ``$L2GEN_MAX_NVCC``, else
+    the number of CPUs. Builds started from several threads (``l2gen tune --parallel``)
+    share it, so they queue instead of oversubscribing the machine; a build's timeout
+    counts from when its nvcc starts."""
+    global _SLOTS
+    with _SLOTS_LOCK:
+        if _SLOTS is None:
+            raw = os.environ.get("L2GEN_MAX_NVCC", "")
+            _SLOTS = threading.BoundedSemaphore(int(raw) if raw.isdigit() and int(raw) > 0 else (os.cpu_count() or 1))
+        return _SLOTS
+
+
 def _compile(
     unit: _Unit, toolchain: Toolchain, timeout: float, force: bool, live: set
 ) -> BuildResult:
@@ -349,9 +378,10 @@ def _compile(
         return _failure(source, f"cannot use the build cache at {cache_dir()}: {e}", command)
     try:
         (work / "kernel.cu").write_text(unit.code)
-        start = time.monotonic()
-        status, output, timed_out = _run(args, work, timeout, live)
-        seconds = time.monotonic() - start
+        with nvcc_slots():
+            start = time.monotonic()
+            status, output, timed_out = _run(args, work, timeout, live)
+            seconds = time.monotonic() - start
         meta = {
             "command": command,
             "seconds": round(seconds, 3),

@@ -60,7 +60,7 @@ def cmd_tune(args, shapes_of) -> int:
     evaluator = _evaluator(args)
     try:
         db = KernelDB(args.db)
-        summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu)
+        summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel)
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     except ValueError as exc:
@@ -117,6 +117,7 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--suite", help="a suite JSON file")
     p.add_argument("--budget", type=int, default=32, help="measured candidates per shape")
     p.add_argument("--batch", type=int, default=8, help="candidates proposed per step")
+    p.add_argument("--parallel", type=int, default=1, help="shapes tuned at once (one shape's builds overlap another's measurement)")
     p.add_argument("--policy", choices=("embedded", "random", "llm"), default="embedded")
     p.add_argument("--policy-state", help="embedded policy state (JSON): loaded if present, saved after the run")
     p.add_argument("--db", default="l2gen-kernels.db", help="kernel database (SQLite); resumes from it")

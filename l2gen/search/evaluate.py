@@ -17,6 +17,7 @@ Two implementations:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Callable, Protocol, Sequence
 
@@ -201,7 +202,8 @@ _WORKER_STATUS = {"ok": "ok", "wrong": "wrong", "timeout": "timeout", "run_error
 
 
 def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, gpu: Gpu | None = None) -> RunCandidates:
-    """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.worker.measure`.
+    """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.worker.measure`;
+    safe to call from several threads (calls take turns on the worker).
 
     One measure task per batch: the candidates and the cuBLAS baselines verified, then
     timed interleaved in the isolated worker. ``baseline_us`` is the fastest baseline
@@ -213,13 +215,19 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
     from ..worker import knobs_to_dict, measure
 
     wanted = list(baselines if baselines is not None else BASELINES)
+    gpu_lock = threading.Lock()  # one worker, one GPU: shapes tuned in parallel take turns
 
     def best_of(results: dict) -> float | None:
         return cublas_best({name: r.get("time_us") for name, r in results.items() if r.get("status") == "ok"})
 
     def run(shape: Shape, candidates: list) -> list[dict]:
+        shape_reps = reps
+        if gpu is not None:
+            from ..bench import reps_for
+
+            shape_reps = reps_for(shape, gpu, reps)  # the same runs per median as l2gen bench takes
         task = {
-            "kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k, "b_layout": b_layout, "baselines": wanted, "shim": shim, "reps": reps,
+            "kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k, "b_layout": b_layout, "baselines": wanted, "shim": shim, "reps": shape_reps,
             "candidates": [
                 {"name": f"c{i}", "library": str(library), "entry": entry, "program_text": format_program(build_program(program)), "knobs": knobs_to_dict(knobs)}
                 for i, (library, entry, program, knobs) in enumerate(candidates)
@@ -232,7 +240,8 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
             from ..bench import task_timeout
 
             timeout = task_timeout(shape, gpu, len(candidates) + len(wanted))
-        outcome = measure(worker, task, timeout)
+        with gpu_lock:
+            outcome = measure(worker, task, timeout)
         shared = best_of(outcome.get("baselines") or {})
         rows = []
         for cand in outcome.get("candidates") or []:

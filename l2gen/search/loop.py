@@ -8,8 +8,10 @@ counts it against the budget and goes on from there.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -99,6 +101,7 @@ def tune(
     batch: int = 8,
     gpu: Gpu,
     progress: bool | Callable[[str], None] | None = True,
+    parallel: int = 1,
 ) -> TuneSummary:
     """Tune each shape until ``budget`` candidates are measured for it (across runs).
 
@@ -109,6 +112,14 @@ def tune(
     verification failure or a timeout, :data:`REWARD_REJECTED` for a checker rejection.
     ``progress``: True prints a line per batch on stderr, a callable gets the lines.
     Ctrl-C ends the run cleanly (the summary says ``interrupted``).
+
+    ``parallel`` shapes are tuned at once, each in its own thread, in suite order: while
+    one shape's batch compiles, another's is measured, so the build pool and the GPU are
+    both kept busy. The policy, the database and the progress lines are shared under one
+    lock; the evaluator is called outside it (it must be safe to call from several
+    threads: :class:`~l2gen.search.evaluate.DeviceEvaluator` is). With ``parallel > 1``
+    the order in which shapes' results reach the policy depends on timing, so a seeded
+    run is no longer exactly repeatable.
     """
     shapes = list(dict.fromkeys(Shape.parse(s) if isinstance(s, str) else s for s in shapes))
     if not shapes:
@@ -117,6 +128,8 @@ def tune(
         raise ValueError(f"budget must be a positive number of measured candidates per shape, got {budget!r}")
     if not isinstance(batch, int) or batch <= 0:
         raise ValueError(f"batch must be a positive number of candidates, got {batch!r}")
+    if not isinstance(parallel, int) or parallel <= 0:
+        raise ValueError(f"parallel must be a positive number of shapes, got {parallel!r}")
     for shape in shapes:
         why = unserved(shape)
         if why:
@@ -124,77 +137,125 @@ def tune(
     if evaluator.gpu.name != gpu.name:
         raise ValueError(f"the evaluator measures on {evaluator.gpu.name} but tuning targets {gpu.name}")
     db.check_gpu(gpu)
-    say = _reporter(progress)
+    lock = threading.RLock()
+    report = _reporter(progress)
+
+    def say(line: str) -> None:
+        with lock:
+            report(line)
+
     env = dict(getattr(evaluator, "env", None) or {})
     summary = TuneSummary(gpu.name, policy.name, budget)
+    summary.results = {shape: ShapeResult(shape) for shape in shapes}
     start = time.monotonic()
-    say(f"[tune] {len(shapes)} shape(s) on {gpu.name}, policy {policy.name}, budget {budget} per shape, batch {batch}, db {getattr(db, 'path', db)}")
+    stop = threading.Event()
+    run = _ShapeRun(policy, evaluator, db, budget, batch, gpu, env, say, start, lock, stop)
+    say(f"[tune] {len(shapes)} shape(s) on {gpu.name}, policy {policy.name}, budget {budget} per shape, batch {batch}, "
+        f"{parallel} at once, db {getattr(db, 'path', db)}")
+    where = getattr(db, "path", "the database")
     try:
-        for shape in shapes:
-            result = ShapeResult(shape)
-            summary.results[shape] = result
-            _tune_shape(shape, result, policy, evaluator, db, budget, batch, gpu, env, say, start)
+        if parallel == 1:
+            for shape in shapes:
+                run(shape, summary.results[shape])
+        else:
+            _run_parallel(run, summary, parallel, stop, say)
     except KeyboardInterrupt:
         summary.interrupted = True
         kept = sum(r.measured for r in summary.results.values())
-        say(f"[tune] interrupted: all {kept} measurements so far are in {getattr(db, 'path', 'the database')}; run the same command again to resume")
+        say(f"[tune] interrupted: all {kept} measurements so far are in {where}; run the same command again to resume")
     summary.seconds = time.monotonic() - start
     return summary
 
 
-def _tune_shape(shape: Shape, result: ShapeResult, policy: Policy, evaluator: Evaluator, db, budget: int, batch: int, gpu: Gpu, env: dict, say, start: float) -> None:
-    history: list[Measurement] = list(db.history(gpu, shape))
-    for m in history:
-        result.record(m)
-    result.resumed = len(history)
-    # Show the policy what earlier runs measured, as if it had proposed it.
-    for i in range(0, len(history), batch):
-        chunk = history[i : i + batch]
-        policy.update(shape, [(Proposal(m.program, "from the database", {"kind": "history"}), m) for m in chunk])
-    if history:
-        say(f"[tune] {shape}: resuming with {len(history)} measurement(s) from the database")
-    seen = {program_key(m.program) for m in history}
-    stalls = 0
-    while len(history) < budget:
-        want = min(batch, budget - len(history))
-        fresh: list[Proposal] = []
-        for p in policy.propose(shape, list(history), want):
-            if len(fresh) >= want:
-                break
-            if p.meta.get("rejected"):  # already diagnosed by the policy (e.g. an unparsable LLM answer)
-                fresh.append(p)
-                continue
-            key = program_key(p.program)
-            if key not in seen:
-                seen.add(key)
-                fresh.append(p)
-        if not fresh:
-            stalls += 1
-            if stalls >= MAX_STALLS:
-                result.note = f"stopped at {len(history)}/{budget}: the policy proposed nothing new"
-                say(f"[tune] {shape}: {result.note}")
-                return
-            continue
+def _run_parallel(run: "_ShapeRun", summary: TuneSummary, parallel: int, stop: threading.Event, say) -> None:
+    """Tune the shapes ``parallel`` at a time. On Ctrl-C (or a shape's error) no new batch
+    starts; the batches in flight land in the database, then the interrupt (or the error)
+    goes on up."""
+    pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="l2gen-tune")
+    futures = [pool.submit(run, shape, result) for shape, result in summary.results.items()]
+    try:
+        for future in futures:
+            future.result()
+    except BaseException as exc:
+        stop.set()
+        for future in futures:
+            future.cancel()
+        if isinstance(exc, KeyboardInterrupt):
+            say("[tune] interrupted: letting the batches in flight land in the database ...")
+        wait(futures)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+class _ShapeRun:
+    """Tunes one shape (a thread's whole job when shapes run in parallel)."""
+
+    def __init__(self, policy: Policy, evaluator: Evaluator, db, budget: int, batch: int, gpu: Gpu, env: dict, say, start: float, lock, stop: threading.Event):
+        self.policy, self.evaluator, self.db = policy, evaluator, db
+        self.budget, self.batch, self.gpu, self.env = budget, batch, gpu, env
+        self.say, self.start, self.lock, self.stop = say, start, lock, stop
+
+    def __call__(self, shape: Shape, result: ShapeResult) -> None:
+        policy, db, gpu, batch, budget, say, lock = self.policy, self.db, self.gpu, self.batch, self.budget, self.say, self.lock
+        if self.stop.is_set():
+            return
+        with lock:
+            history: list[Measurement] = list(db.history(gpu, shape))
+            for m in history:
+                result.record(m)
+            result.resumed = len(history)
+            # Show the policy what earlier runs measured, as if it had proposed it.
+            for i in range(0, len(history), batch):
+                chunk = history[i : i + batch]
+                policy.update(shape, [(Proposal(m.program, "from the database", {"kind": "history"}), m) for m in chunk])
+        if history:
+            say(f"[tune] {shape}: resuming with {len(history)} measurement(s) from the database")
+        seen = {program_key(m.program) for m in history}
         stalls = 0
-        landed: dict[int, Measurement] = {}
+        while len(history) < budget and not self.stop.is_set():
+            want = min(batch, budget - len(history))
+            fresh: list[Proposal] = []
+            with lock:
+                proposals = policy.propose(shape, list(history), want)
+            for p in proposals:
+                if len(fresh) >= want:
+                    break
+                if p.meta.get("rejected"):  # already diagnosed by the policy (e.g. an unparsable LLM answer)
+                    fresh.append(p)
+                    continue
+                key = program_key(p.program)
+                if key not in seen:
+                    seen.add(key)
+                    fresh.append(p)
+            if not fresh:
+                stalls += 1
+                if stalls >= MAX_STALLS:
+                    result.note = f"stopped at {len(history)}/{budget}: the policy proposed nothing new"
+                    say(f"[tune] {shape}: {result.note}")
+                    return
+                continue
+            stalls = 0
+            landed: dict[int, Measurement] = {}
 
-        def land(i: int, m: Measurement) -> None:
-            if i in landed:
-                return
-            db.add(m, gpu, policy.name, env)
-            landed[i] = m
-            history.append(m)
-            result.record(m)
+            def land(i: int, m: Measurement) -> None:
+                with lock:
+                    if i in landed:
+                        return
+                    db.add(m, gpu, policy.name, self.env)
+                    landed[i] = m
+                    history.append(m)
+                    result.record(m)
 
-        diagnosed = [i for i, p in enumerate(fresh) if p.meta.get("rejected")]
-        for i in diagnosed:
-            text = "\n".join(fresh[i].meta.get("diagnostics") or [fresh[i].note or "rejected by the policy"])
-            land(i, Measurement(shape, fresh[i].program, "rejected", error=text))
-        pending = [i for i in range(len(fresh)) if i not in landed]
-        measured = evaluator.evaluate(shape, [fresh[i] for i in pending], lambda j, m: land(pending[j], m))
-        for j, m in enumerate(measured):
-            land(pending[j], m)
-        policy.update(shape, [(fresh[i], landed[i]) for i in range(len(fresh))])
-        best = f"{result.best_speedup:.3f}x" if result.best_speedup else "-"
-        say(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  best {best:>7}  {_counts(result.counts)}  ({time.monotonic() - start:.1f} s)")
-
+            diagnosed = [i for i, p in enumerate(fresh) if p.meta.get("rejected")]
+            for i in diagnosed:
+                text = "\n".join(fresh[i].meta.get("diagnostics") or [fresh[i].note or "rejected by the policy"])
+                land(i, Measurement(shape, fresh[i].program, "rejected", error=text))
+            pending = [i for i in range(len(fresh)) if i not in landed]
+            measured = self.evaluator.evaluate(shape, [fresh[i] for i in pending], lambda j, m: land(pending[j], m))
+            for j, m in enumerate(measured):
+                land(pending[j], m)
+            with lock:
+                policy.update(shape, [(fresh[i], landed[i]) for i in range(len(fresh))])
+            best = f"{result.best_speedup:.3f}x" if result.best_speedup else "-"
+            say(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  best {best:>7}  {_counts(result.counts)}  ({time.monotonic() - self.start:.1f} s)")

@@ -495,3 +495,62 @@ def test_worker_runner_maps_a_measure_task(tmp_path):
     assert [m.time_us for m in ms[:2]] == [6.0, 7.0]
     assert all(m.baseline_us == 9.0 for m in ms[:2])
     assert "escaped" in ms[2].error
+
+
+class _Slow:
+    """Wraps an evaluator: each batch takes ``seconds``; records how many ran at once."""
+
+    def __init__(self, inner, seconds: float):
+        import threading
+
+        self.inner, self.gpu, self.env, self.seconds = inner, inner.gpu, inner.env, seconds
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def evaluate(self, shape, proposals, on_result=None):
+        import time
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.seconds)
+            return self.inner.evaluate(shape, proposals, on_result)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_parallel_shapes_overlap_and_each_reaches_its_budget(tmp_path):
+    shapes = SUITE[:4]
+    slow = _Slow(SimulatedEvaluator(H200), 0.2)
+    lines: list[str] = []
+    with KernelDB(tmp_path / "k.db") as db:
+        summary = tune(shapes, EmbeddedPolicy(H200, seed=0), slow, db, budget=12, batch=4, gpu=H200, progress=lines.append, parallel=3)
+        assert db.count() == 4 * 12
+        assert list(summary.results) == shapes  # the table keeps suite order
+        for s in shapes:
+            assert summary.results[s].measured == 12
+            assert len({program_key(m.program) for m in db.history(H200, s)}) == 12
+    assert slow.most == 3  # three shapes' batches were evaluated at the same time
+    assert "3 at once" in lines[0]
+    with pytest.raises(ValueError, match="parallel must be"):
+        with KernelDB(tmp_path / "k2.db") as db:
+            tune(shapes, RandomPolicy(H200), slow, db, budget=4, gpu=H200, parallel=0)
+
+
+def test_parallel_interrupt_keeps_what_landed_and_resumes(tmp_path):
+    shapes = SUITE[:4]
+    path = tmp_path / "k.db"
+    lines: list[str] = []
+    with KernelDB(path) as db:
+        first = tune(shapes, RandomPolicy(H200, seed=3), _Interrupting(SimulatedEvaluator(H200), after=10), db, budget=8, batch=4, gpu=H200, progress=lines.append, parallel=2)
+        assert first.interrupted
+        kept = db.count()
+        assert kept >= 10 and kept == sum(r.measured for r in first.results.values())
+    assert any("batches in flight" in line for line in lines)
+    counting = _Counting(SimulatedEvaluator(H200))
+    with KernelDB(path) as db:
+        second = tune(shapes, RandomPolicy(H200, seed=4), counting, db, budget=8, batch=4, gpu=H200, progress=False, parallel=2)
+        assert not second.interrupted and db.count() == 4 * 8
+        assert len(counting.seen) == 4 * 8 - kept
