@@ -1,16 +1,34 @@
 #!/usr/bin/env bash
 # Everything one GPU-machine call needs, in one command: install the carried wheels, then
-# run the named steps in order (info sample gputests bench bench2 tune). Results go under $OUT (the device tool's folder) or ./out.
+# run the named steps in order. Results go to $RESULTS (default /tmp/l2gen-results) and,
+# packed as results.tgz, to $OUT (the device tool's folder, which takes back few files) or ./out.
 #
-#   bash bench/device.sh info gputests bench      # steps: info sample gputests bench tune
+#   bash bench/device.sh info gputests bench bench2 compare
+#   bash bench/device.sh tune-random tune-embedded shipdb dbbench dispatch pack
 #
-# Knobs (environment): SAMPLE_COUNT, SAMPLE_SEED, SAMPLE_BUNDLE, BENCH_PROGRAMS,
-# BENCH_SUITE, BENCH_REPS, TUNE_ARGS. Carry `.whl` (lark, nvidia-cutlass wheels) and,
-# to reuse libraries built elsewhere, `.l2cache`.
+# Steps:
+#   info           GPU, driver, nvcc, torch
+#   sample         compile SAMPLE_COUNT random programs (SAMPLE_SEED, SAMPLE_BUNDLE)
+#   gputests       pytest $GPUTESTS (default tests/gpu)
+#   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite; bench2 is a second,
+#                  independent run; 'compare' says which ratios reproduce between them
+#   tune-random, tune-embedded
+#                  l2gen tune on the suite, TUNE_BUDGET candidates per shape, TUNE_PARALLEL
+#                  shapes at once; databases, curves and the policy state land in $RESULTS
+#   shipdb         merge the tuned databases (and $SHIP_FROM) into $RESULTS/kernels_h200.db
+#   dbbench        bench each shape's best program of $DB (default the shipped one) in a
+#                  fresh process; compare it with the database's records
+#   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
+#   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
+#                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
+#
+# Carry `.whl` (lark, nvidia-cutlass wheels), `.l2cache` (libraries built elsewhere) and
+# `.device-in` (inputs from an earlier call: libs.tar.xz, *.db).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
+RESULTS=${RESULTS:-/tmp/l2gen-results}
+mkdir -p "$OUT" "$RESULTS"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -22,8 +40,18 @@ export PYTHONUNBUFFERED=1
 # The tree arrives without .git: the caller passes the commit it was sent from.
 export L2GEN_COMMIT=${L2GEN_COMMIT:-}
 export L2GEN_CACHE_DIR=${L2GEN_CACHE_DIR:-$PWD/.l2cache}
+if [ -f .device-in/libs.tar.xz ]; then
+  mkdir -p "$L2GEN_CACHE_DIR" && tar xJf .device-in/libs.tar.xz -C "$L2GEN_CACHE_DIR"
+fi
 L2GEN="python3 -m l2gen.cli"
+SUITE=${SUITE:-suites/public.json}
+DB=${DB:-$RESULTS/kernels_h200.db}
 status=0
+
+pack_results() {
+  tar czf "$OUT/results.tgz" -C "$RESULTS" . && ls -la "$RESULTS"
+}
+trap pack_results EXIT
 
 for step in "$@"; do
   echo "=== $step ($(date -u +%H:%M:%S))"
@@ -35,29 +63,66 @@ for step in "$@"; do
       ;;
     sample)
       timeout "${SAMPLE_TIMEOUT:-550}" $L2GEN sample --count "${SAMPLE_COUNT:-200}" \
-        --seed "${SAMPLE_SEED:-1}" --bundle "${SAMPLE_BUNDLE:-1}" -o "$OUT/sample.json" \
-        2> "$OUT/sample.log" || status=1
-      tail -3 "$OUT/sample.log"
+        --seed "${SAMPLE_SEED:-1}" --bundle "${SAMPLE_BUNDLE:-1}" -o "$RESULTS/sample.json" \
+        2> "$RESULTS/sample.log" || status=1
+      tail -3 "$RESULTS/sample.log"
       ;;
     gputests)
       # shellcheck disable=SC2086
       timeout "${GPUTESTS_TIMEOUT:-400}" python3 -m pytest ${GPUTESTS:-tests/gpu} -v -rs --durations=8 \
-        -p no:cacheprovider 2>&1 | tee "$OUT/gputests.log" | tail -40
+        -p no:cacheprovider 2>&1 | tee "$RESULTS/gputests.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
       ;;
     bench|bench2)
-      # bench2 is a second, independent run: its ratios are compared with the first's.
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} \
-        --suite "${BENCH_SUITE:-suites/public.json}" --reps "${BENCH_REPS:-50}" -o "$OUT/$step.json" \
-        2> >(tee "$OUT/$step.log" >&2) || status=1
+        --suite "$SUITE" --reps "${BENCH_REPS:-50}" -o "$RESULTS/$step.json" \
+        2> "$RESULTS/$step.log" > "$RESULTS/$step.txt" || status=1
+      tail -28 "$RESULTS/$step.txt"
       ;;
-    tune)
-      # shellcheck disable=SC2086
-      $L2GEN tune ${TUNE_ARGS:---suite suites/public.json --budget 16} --db "$OUT/tune.db" || status=1
+    compare)
+      $L2GEN compare "$RESULTS/bench.json" "$RESULTS/bench2.json" -o "$RESULTS/compare.json" || status=1
+      ;;
+    tune-random|tune-embedded)
+      policy=${step#tune-}
+      extra=()
+      if [ "$policy" = embedded ]; then
+        batch=${TUNE_BATCH:-4}
+        extra=(--policy-state "$RESULTS/policy_h200.json")
+      else
+        batch=${TUNE_BATCH_RANDOM:-8}  # the random policy learns nothing: one batch per shape
+      fi
+      timeout "${TUNE_TIMEOUT:-580}" $L2GEN tune --suite "$SUITE" --budget "${TUNE_BUDGET:-8}" --batch "$batch" \
+        --parallel "${TUNE_PARALLEL:-4}" --policy "$policy" --seed "${TUNE_SEED:-1}" "${extra[@]}" \
+        --db "$RESULTS/tune-$policy.db" --curves "$RESULTS/curves-$policy.json" \
+        2> "$RESULTS/tune-$policy.log" | tee "$RESULTS/tune-$policy.txt" || status=1
+      grep -c "build.*FAILED\|Traceback" "$RESULTS/tune-$policy.log"
+      ;;
+    shipdb)
+      rm -f "$RESULTS/kernels_h200.db"
+      for src in "$RESULTS"/tune-*.db ${SHIP_FROM:-}; do
+        [ -f "$src" ] || continue
+        $L2GEN db export --db "$src" "$RESULTS/export.json" >/dev/null && \
+          $L2GEN db import --db "$RESULTS/kernels_h200.db" "$RESULTS/export.json" || status=1
+      done
+      rm -f "$RESULTS/export.json"
+      $L2GEN db show --db "$RESULTS/kernels_h200.db" || status=1
+      ;;
+    dbbench)
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "$DB" --reps "${BENCH_REPS:-50}" -o "$RESULTS/dbbench.json" \
+        2> "$RESULTS/dbbench.log" > "$RESULTS/dbbench.txt" || status=1
+      tail -28 "$RESULTS/dbbench.txt"
+      $L2GEN compare --db "$DB" "$RESULTS/dbbench.json" --all -o "$RESULTS/dbcompare.json" || status=1
+      ;;
+    dispatch)
+      timeout "${DISPATCH_TIMEOUT:-300}" $L2GEN bench-dispatch --db "$DB" --suite "$SUITE" -o "$RESULTS/dispatch.json" \
+        2> "$RESULTS/dispatch.log" || status=1
+      ;;
+    pack)
+      python3 bench/pack_libs.py "$DB" "$OUT/libs.tar.xz" || status=1
       ;;
     *)
-      echo "unknown step '$step' (info sample gputests bench tune)" >&2
+      echo "unknown step '$step' (see the steps at the top of bench/device.sh)" >&2
       exit 2
       ;;
   esac

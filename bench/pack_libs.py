@@ -1,0 +1,49 @@
+"""Pack the built libraries of a kernel database's best programs into one tar.xz.
+
+A GPU machine starts bare, so libraries built in one call are gone in the next. This
+packs, from the build cache ($L2GEN_CACHE_DIR), the entries every best program of DB
+needs (a bundle member's entry and the bundle it links to), so a later call can unpack
+them into its cache instead of compiling again (bench/device.sh does, from
+.device-in/libs.tar.xz).
+
+    python3 bench/pack_libs.py DB OUT.tar.xz
+"""
+
+from __future__ import annotations
+
+import sys
+import tarfile
+from pathlib import Path
+
+from l2gen.build import cache_dir, cache_entry
+from l2gen.db import KernelDB
+from l2gen.lower import lower
+from l2gen.search.evaluate import build_program
+from l2gen.targets import get_gpu
+
+
+def main(db_path: str, out: str) -> int:
+    gpu = get_gpu("h200")
+    db = KernelDB(db_path, readonly=True)
+    root = cache_dir()
+    entries: set[Path] = set()
+    missing = 0
+    for program, _speedup, _time_us in db.best_all(gpu).values():
+        entry = cache_entry(lower(build_program(program), gpu))
+        if entry is None:
+            missing += 1
+            continue
+        entries.add(entry)
+        library = entry / "lib.so"
+        if library.is_symlink():  # a bundle member: take the bundle's entry too
+            entries.add(library.resolve().parent)
+    with tarfile.open(out, "w:xz") as tar:
+        for entry in sorted(entries):
+            tar.add(entry, arcname=str(entry.relative_to(root)))
+    size = Path(out).stat().st_size
+    print(f"packed {len(entries)} cache entries ({size / 2**20:.1f} MiB) into {out}; {missing} program(s) had no built library")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
