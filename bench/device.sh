@@ -14,7 +14,9 @@
 #                  independent run; 'compare' says which ratios reproduce between them
 #   tune-random, tune-embedded
 #                  l2gen tune on the suite, TUNE_BUDGET candidates per shape, TUNE_PARALLEL
-#                  shapes at once; databases, curves and the policy state land in $RESULTS
+#                  shapes at once, TUNE_BUNDLE programs per nvcc run; databases, curves and
+#                  the policy state land in $RESULTS (a database in .device-in/ of the same
+#                  name is copied there first, so a cut-short tune resumes)
 #   shipdb         merge the tuned databases (and $SHIP_FROM) into $RESULTS/kernels_h200.db
 #   dbbench        bench each shape's best program of $DB (default the shipped one) in a
 #                  fresh process; compare it with the database's records
@@ -85,6 +87,9 @@ for step in "$@"; do
       ;;
     tune-random|tune-embedded)
       policy=${step#tune-}
+      if [ -f ".device-in/tune-$policy.db" ] && [ ! -f "$RESULTS/tune-$policy.db" ]; then
+        cp ".device-in/tune-$policy.db" "$RESULTS/"
+      fi
       extra=()
       if [ "$policy" = embedded ]; then
         batch=${TUNE_BATCH:-4}
@@ -92,8 +97,11 @@ for step in "$@"; do
       else
         batch=${TUNE_BATCH_RANDOM:-8}  # the random policy learns nothing: one batch per shape
       fi
-      timeout "${TUNE_TIMEOUT:-580}" $L2GEN tune --suite "$SUITE" --budget "${TUNE_BUDGET:-8}" --batch "$batch" \
-        --parallel "${TUNE_PARALLEL:-4}" --policy "$policy" --seed "${TUNE_SEED:-1}" "${extra[@]}" \
+      # SIGINT at the time limit: tune stops cleanly (in-flight batches land, the policy
+      # state and the curves are written); rerunning with the same database resumes.
+      timeout -s INT -k 90 "${TUNE_TIMEOUT:-580}" $L2GEN tune --suite "$SUITE" --budget "${TUNE_BUDGET:-8}" \
+        --batch "$batch" --parallel "${TUNE_PARALLEL:-6}" --bundle "${TUNE_BUNDLE:-2}" \
+        --policy "$policy" --seed "${TUNE_SEED:-1}" "${extra[@]}" \
         --db "$RESULTS/tune-$policy.db" --curves "$RESULTS/curves-$policy.json" \
         2> "$RESULTS/tune-$policy.log" | tee "$RESULTS/tune-$policy.txt" || status=1
       grep -c "build.*FAILED\|Traceback" "$RESULTS/tune-$policy.log"

@@ -46,7 +46,7 @@ def _evaluator(args):
     except ShimError as exc:
         raise fail("E-BASELINE", f"cannot build the cuBLAS baseline shim: {exc}") from None
     progress = (lambda d, t, r: eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
-    return DeviceEvaluator(args.gpu, worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps), jobs=args.jobs, progress=progress)
+    return DeviceEvaluator(args.gpu, worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps), jobs=args.jobs, progress=progress, bundle=args.bundle)
 
 
 def cmd_tune(args, shapes_of) -> int:
@@ -125,6 +125,7 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("-j", "--jobs", type=int, default=None)
+    p.add_argument("--bundle", type=int, default=1, help="programs per nvcc run when a batch builds several (saves header parsing)")
     p.add_argument("--curves", help="write best-so-far curves (JSON) here")
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $L2GEN_LLM_MODEL)")

@@ -108,14 +108,23 @@ class DeviceEvaluator:
     the baseline interleaved in one isolated process (see DESIGN.md, "Verifying and
     timing").
 
-    Knob-only variants share one build: each candidate is built from
+    ``bundle`` > 1 compiles a batch's new programs that many to an nvcc run
+    (:func:`l2gen.build.build_bundle`): fewer core-seconds per program, a longer wait for
+    the batch. Knob-only variants share one build: each candidate is built from
     :func:`build_program` (its knobs reset, its name canonical), deduplicated by the
     KernelSource key, and launched with its own knobs.
     """
 
-    def __init__(self, gpu: Gpu, run_candidates: RunCandidates, *, build_many=None, lower=None, jobs: int | None = None, build_timeout: float = 600, progress=None, env: dict | None = None):
+    def __init__(self, gpu: Gpu, run_candidates: RunCandidates, *, build_many=None, lower=None, jobs: int | None = None, build_timeout: float = 600, progress=None, env: dict | None = None, bundle: int = 1):
         if build_many is None:
-            from ..build import build_many
+            if bundle > 1:  # several programs per nvcc run: headers parsed once for them
+
+                def build_many(sources, **kw):
+                    from ..build import build_bundle
+
+                    return build_bundle(sources, max_size=bundle, **kw)
+            else:
+                from ..build import build_many
         if lower is None:
             from ..lower import lower
         self.gpu = gpu

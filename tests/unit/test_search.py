@@ -554,3 +554,20 @@ def test_parallel_interrupt_keeps_what_landed_and_resumes(tmp_path):
         second = tune(shapes, RandomPolicy(H200, seed=4), counting, db, budget=8, batch=4, gpu=H200, progress=False, parallel=2)
         assert not second.interrupted and db.count() == 4 * 8
         assert len(counting.seen) == 4 * 8 - kept
+
+
+def test_device_evaluator_bundles_new_builds_when_asked(monkeypatch):
+    import l2gen.build
+
+    calls = []
+
+    def fake_bundle(sources, *, max_size=None, **kw):
+        calls.append((len(sources), max_size))
+        return _FakeBuild()(sources, **kw)
+
+    monkeypatch.setattr(l2gen.build, "build_bundle", fake_bundle)
+    ok = lambda shape, cands: [{"status": "ok", "time_us": 10.0, "baseline_us": 12.0} for _ in cands]  # noqa: E731
+    ev = DeviceEvaluator(H200, ok, env={}, bundle=2)
+    ms = ev.evaluate(Shape(256, 4096, 4096), [Proposal(sm90(128, 128)), Proposal(sm90(128, 256)), Proposal(sm90(256, 128))])
+    assert [m.status for m in ms] == ["ok"] * 3
+    assert calls == [(3, 2)]
