@@ -194,12 +194,10 @@ int l2gen_cublaslt_gemm(int tuned, const void* A, const void* B, void* C, int M,
   return lt_run(s, *p, tuned ? p->tuned : 0, A, B, C, stream);
 }
 
-// Time up to 16 heuristic candidates and keep the fastest for this shape. The candidates
-// are timed round-robin, one run of each per round (`flush` bytes memset on `stream`
-// before every run to evict the L2), and each gets the median of its `reps` runs: a drift
-// of the clocks during tuning then weighs on every candidate alike instead of on those
-// timed last. Writes how many algorithms ran, the chosen index in heuristic order, and its
-// median in us. A second call for a tuned shape returns the cached choice without timing.
+// Time up to 16 heuristic candidates (median of `reps` runs each, `flush` bytes memset on
+// `stream` before every run to evict the L2) and keep the fastest for this shape. Writes
+// how many algorithms ran, the chosen index in heuristic order, and its median in us.
+// A second call for a tuned shape returns the cached choice without timing again.
 int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N, int K, int nk,
                             void* flush, size_t flush_bytes, int reps, cudaStream_t stream,
                             int* tried, int* chosen, float* best_us) {
@@ -216,21 +214,16 @@ int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N,
     *best_us = p->tuned_us;
     return 0;
   }
-  const int n = static_cast<int>(p->algos.size());
-  // Warm-up; an algorithm that fails to run is dropped (a sticky error surfaces below).
-  std::vector<char> alive(n, 1);
-  for (int i = 0; i < n; ++i) {
-    for (int w = 0; w < 2 && alive[i]; ++w) alive[i] = lt_run(s, *p, i, A, B, C, stream) == 0;
-    if (!alive[i]) cudaGetLastError();
-  }
   cudaEvent_t start = nullptr, end = nullptr;
   CUDA_TRY(cudaEventCreate(&start));
   CUDA_TRY(cudaEventCreate(&end));
-  std::vector<std::vector<float>> times(n);
-  for (int r = 0; r < reps; ++r) {
-    for (int i = 0; i < n; ++i) {
-      if (!alive[i]) continue;
-      bool ok = true;
+  int best = -1, ran = 0;
+  float best_time = 0.f;
+  std::vector<float> times(reps);
+  for (int i = 0; i < static_cast<int>(p->algos.size()); ++i) {
+    bool ok = true;
+    for (int w = 0; w < 2 && ok; ++w) ok = lt_run(s, *p, i, A, B, C, stream) == 0;
+    for (int r = 0; r < reps && ok; ++r) {
       if (flush && flush_bytes) ok = cudaMemsetAsync(flush, r & 0xFF, flush_bytes, stream) == cudaSuccess;
       ok = ok && cudaEventRecord(start, stream) == cudaSuccess;
       ok = ok && lt_run(s, *p, i, A, B, C, stream) == 0;
@@ -238,30 +231,24 @@ int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N,
       ok = ok && cudaEventSynchronize(end) == cudaSuccess;
       float ms = 0.f;
       ok = ok && cudaEventElapsedTime(&ms, start, end) == cudaSuccess;
-      if (!ok) {
-        alive[i] = 0;
-        cudaGetLastError();
-        continue;
-      }
-      times[i].push_back(1000.f * ms);
+      times[r] = 1000.f * ms;
     }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
-  CUDA_TRY(cudaStreamSynchronize(stream));
-  int best = -1, ran = 0;
-  float best_time = 0.f;
-  for (int i = 0; i < n; ++i) {
-    if (!alive[i] || times[i].empty()) continue;
+    if (!ok) {
+      // An algorithm that fails to run is skipped; a sticky error surfaces below.
+      cudaGetLastError();
+      continue;
+    }
     ++ran;
-    std::vector<float>& t = times[i];
-    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-    float med = t[t.size() / 2];
+    std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+    float med = times[reps / 2];
     if (best < 0 || med < best_time) {
       best = i;
       best_time = med;
     }
   }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  CUDA_TRY(cudaStreamSynchronize(stream));
   if (best < 0) return L2GEN_SHIM_NO_ALGORITHM;
   p->tuned = best;
   p->tuned_us = best_time;
