@@ -17,7 +17,8 @@
 #                  shapes at once, TUNE_BUNDLE programs per nvcc run; databases, curves and
 #                  the policy state land in $RESULTS (a database in .device-in/ of the same
 #                  name is copied there first, so a cut-short tune resumes)
-#   shipdb         merge the tuned databases (and $SHIP_FROM) into $RESULTS/kernels_h200.db
+#   shipdb         merge the tuned databases (and the databases in $SHIP_FROM, the bench
+#                  results files in $SHIP_BENCH) into $RESULTS/kernels_h200.db
 #   dbbench        bench each shape's best program of $DB (default the shipped one) in a
 #                  fresh process; compare it with the database's records
 #   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
@@ -114,6 +115,9 @@ for step in "$@"; do
           $L2GEN db import --db "$RESULTS/kernels_h200.db" "$RESULTS/export.json" || status=1
       done
       rm -f "$RESULTS/export.json"
+      for results in ${SHIP_BENCH:-}; do  # bench results files: their measured rows count too
+        $L2GEN db import-bench --db "$RESULTS/kernels_h200.db" "$results" || status=1
+      done
       $L2GEN db show --db "$RESULTS/kernels_h200.db" || status=1
       ;;
     dbbench)

@@ -86,8 +86,6 @@ def cmd_db(args) -> int:
     from .db import DatabaseError, KernelDB
     from .printer import format_program
 
-    if args.action != "show" and not args.file:
-        raise fail("E-USAGE", f"'l2gen db {args.action}' needs a JSON file: l2gen db {args.action} FILE --db {args.db}")
     try:
         db = KernelDB(args.db, readonly=args.action in ("show", "export"))
         if args.action == "show":
@@ -134,8 +132,18 @@ def add_commands(sub, shapes_of) -> None:
     p.set_defaults(func=lambda args: cmd_tune(args, shapes_of))
 
     p = sub.add_parser("db", help="show, export or import a kernel database")
-    p.add_argument("action", choices=("show", "export", "import", "import-bench"), help="import-bench: add an 'l2gen bench' results file's rows")
-    p.add_argument("--db", default="l2gen-kernels.db")
-    p.add_argument("file", nargs="?", help="JSON file for export/import")
-    p.add_argument("-v", "--verbose", action="store_true")
-    p.set_defaults(func=cmd_db)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, helptext, needs_file in (
+        ("show", "the best program of every shape", False),
+        ("export", "every measurement, as JSON", True),
+        ("import", "add an export's measurements (rows already present are skipped)", True),
+        ("import-bench", "add an 'l2gen bench' results file's rows", True),
+    ):
+        a = actions.add_parser(action, help=helptext)
+        if needs_file:
+            a.add_argument("file", help="the JSON file")
+        a.add_argument("--db", default="l2gen-kernels.db")
+        a.add_argument("-v", "--verbose", action="store_true")
+        a.set_defaults(func=cmd_db)
+        if not needs_file:
+            a.set_defaults(file=None)

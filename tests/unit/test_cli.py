@@ -116,8 +116,10 @@ def test_tune_simulated_then_db_show_and_export(tmp_path, capsys):
     assert main(["db", "show", "--db", db]) == 0
     assert "8 measurements" in capsys.readouterr().out
     assert main(["db", "export", str(tmp_path / "k.json"), "--db", db]) == 0
-    assert main(["db", "export", "--db", db]) == 1  # no file named
-    assert "E-USAGE" in capsys.readouterr().err
+    assert main(["db", "export", "--db", db, str(tmp_path / "k2.json")]) == 0  # either order
+    assert json.loads((tmp_path / "k2.json").read_text()) == json.loads((tmp_path / "k.json").read_text())
+    assert main(["db", "export", "--db", db]) == 2  # no file named: a usage error
+    assert "required: file" in capsys.readouterr().err
     # a rerun resumes: the budget is already spent, nothing new is measured
     assert main(["tune", "--shape", "64x4096x4096", "--budget", "8", "--simulate", "--db", db]) == 0
     assert main(["db", "show", "--db", db]) == 0
