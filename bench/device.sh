@@ -90,6 +90,9 @@ for step in "$@"; do
       policy=${step#tune-}
       if [ -f ".device-in/tune-$policy.db" ] && [ ! -f "$RESULTS/tune-$policy.db" ]; then
         cp ".device-in/tune-$policy.db" "$RESULTS/"
+        if [ "$policy" = embedded ] && [ -f .device-in/policy_h200.json ]; then
+          cp .device-in/policy_h200.json "$RESULTS/"
+        fi
       fi
       extra=()
       if [ "$policy" = embedded ]; then

@@ -109,6 +109,32 @@ def cmd_db(args) -> int:
     return EXIT_OK
 
 
+def cmd_curves(args) -> int:
+    from .curves import compare_runs, curves_from_db, format_comparison, label_of, plot_comparison
+    from .db import DatabaseError, KernelDB
+
+    runs = {}
+    try:
+        for path in args.dbs:
+            db = KernelDB(path, readonly=True)
+            db.check_gpu(args.gpu)
+            name = label_of(path, db)
+            runs[name if name not in runs else path] = curves_from_db(db, args.gpu, budget=args.budget)
+    except DatabaseError as exc:
+        raise fail("E-DB", str(exc)) from None
+    budget = args.budget or min((len(c) for run in runs.values() for c in run.values()), default=0)
+    if budget <= 0:
+        raise fail("E-DB", "no measurements to draw curves from")
+    result = compare_runs(runs, budget)
+    print(format_comparison(result))
+    if args.out:
+        curves = {name: {str(s): c for s, c in run.items()} for name, run in runs.items()}
+        Path(args.out).write_text(json.dumps({"gpu": args.gpu.name, **result, "curves": curves}, indent=1) + "\n")
+    if args.plot and not plot_comparison(runs, result, args.plot):
+        eprint("matplotlib is not installed: no plot (pip install 'l2gen[plot]')")
+    return EXIT_OK
+
+
 def add_commands(sub, shapes_of) -> None:
     p = sub.add_parser("tune", help="search for the fastest programs per shape (RL over the DSL)")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
@@ -130,6 +156,13 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--llm-mode", choices=("auto", "responses_grammar", "chat_grammar", "text"), default=None)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=lambda args: cmd_tune(args, shapes_of))
+
+    p = sub.add_parser("curves", help="best-so-far curves of tuning runs (their databases), side by side")
+    p.add_argument("dbs", nargs="+", help="kernel databases, one per run (named by their policy)")
+    p.add_argument("--budget", type=int, default=None, help="candidates per shape to compare at (default: the fewest any shape has)")
+    p.add_argument("-o", "--out", help="write curves and comparison as JSON here")
+    p.add_argument("--plot", help="write a PNG here")
+    p.set_defaults(func=cmd_curves)
 
     p = sub.add_parser("db", help="show, export or import a kernel database")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)

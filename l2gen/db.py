@@ -253,6 +253,15 @@ class KernelDB:
         out = [self._measurement(shape, *row) for row in rows]
         return [m for m in out if m is not None]
 
+    def shapes(self, gpu: Gpu | str) -> list[Shape]:
+        """Every shape with a measurement on a GPU, in (M, N, K) order."""
+        rows = self._query("SELECT DISTINCT m, n, k FROM measurements WHERE gpu = ? ORDER BY m, n, k", (_gpu_name(gpu),))
+        return [Shape(*row) for row in rows]
+
+    def policies(self) -> list[str]:
+        """The names of the policies whose measurements the database holds."""
+        return [r[0] for r in self._query("SELECT DISTINCT policy FROM measurements ORDER BY policy")]
+
     def best(self, gpu: Gpu | str, shape: Shape, *, b_layout: BLayout | None = None) -> tuple[Program, float, float] | None:
         """(program, speedup, time_us) of the fastest verified program for a shape, or
         None. ``b_layout`` restricts it to programs for that operand layout."""
