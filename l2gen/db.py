@@ -37,6 +37,38 @@ from .toolchain import found_nvcc_version
 SCHEMA_VERSION = 1
 FORMAT = "l2gen-kernel-db"
 
+# The best program of each (GPU, arch, shape). A program measured more than once on a shape
+# is judged by its least favourable verified measurement (a lucky run does not make it the
+# best), and one that ever computed a wrong result there is never the best.
+_BEST = """
+WITH ok AS (
+    SELECT * FROM measurements WHERE status = 'ok' AND time_us > 0 AND baseline_us > 0
+), judged AS (
+    SELECT x.gpu, x.arch, x.m, x.n, x.k, x.program_text, x.program_key, x.time_us,
+           x.baseline_us, x.baseline_us / x.time_us AS speedup, x.relerr, x.policy,
+           x.created_at, x.id
+    FROM ok AS x
+    WHERE x.id = (
+        SELECT y.id FROM ok AS y
+        WHERE y.gpu = x.gpu AND y.m = x.m AND y.n = x.n AND y.k = x.k AND y.program_key = x.program_key
+        ORDER BY y.baseline_us / y.time_us ASC, y.id ASC
+        LIMIT 1
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM measurements AS w
+        WHERE w.gpu = x.gpu AND w.m = x.m AND w.n = x.n AND w.k = x.k AND w.program_key = x.program_key
+          AND w.status = 'wrong'
+    )
+)
+SELECT * FROM judged AS j
+WHERE j.id = (
+    SELECT z.id FROM judged AS z
+    WHERE z.gpu = j.gpu AND z.arch = j.arch AND z.m = j.m AND z.n = j.n AND z.k = j.k
+    ORDER BY z.speedup DESC, z.id ASC
+    LIMIT 1
+)
+"""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -61,19 +93,12 @@ CREATE TABLE IF NOT EXISTS measurements (
     env          TEXT    NOT NULL DEFAULT '{}'  -- JSON: nvcc, cutlass, driver, torch, ...
 );
 CREATE INDEX IF NOT EXISTS measurements_shape ON measurements (gpu, m, n, k);
-CREATE VIEW IF NOT EXISTS best AS
-SELECT x.gpu, x.arch, x.m, x.n, x.k, x.program_text, x.program_key, x.time_us,
-       x.baseline_us, x.baseline_us / x.time_us AS speedup, x.relerr, x.policy,
-       x.created_at, x.id
-FROM measurements AS x
-WHERE x.id = (
-    SELECT y.id FROM measurements AS y
-    WHERE y.gpu = x.gpu AND y.arch = x.arch AND y.m = x.m AND y.n = x.n AND y.k = x.k
-      AND y.status = 'ok' AND y.time_us > 0 AND y.baseline_us > 0
-    ORDER BY y.baseline_us / y.time_us DESC, y.id ASC
-    LIMIT 1
-);
+DROP VIEW IF EXISTS best;
+CREATE VIEW best AS
+{best}
 """
+
+_SCHEMA = _SCHEMA.replace("{best}", _BEST.strip() + ";")
 
 _COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env")
 
@@ -266,7 +291,7 @@ class KernelDB:
         """(program, speedup, time_us) of the fastest verified program for a shape, or
         None. ``b_layout`` restricts it to programs for that operand layout."""
         rows = self._query(
-            "SELECT program_text, speedup, time_us FROM best WHERE gpu = ? AND m = ? AND n = ? AND k = ? ORDER BY speedup DESC",
+            f"WITH best AS ({_BEST}) SELECT program_text, speedup, time_us FROM best WHERE gpu = ? AND m = ? AND n = ? AND k = ? ORDER BY speedup DESC",
             (_gpu_name(gpu), shape.m, shape.n, shape.k),
         )
         for text, speedup, time_us in rows:
@@ -278,7 +303,7 @@ class KernelDB:
     def best_all(self, gpu: Gpu | str, *, b_layout: BLayout | None = None) -> dict[Shape, tuple[Program, float, float]]:
         """The best (program, speedup, time_us) of every shape measured on a GPU."""
         out: dict[Shape, tuple[Program, float, float]] = {}
-        rows = self._query("SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? ORDER BY m, n, k, speedup DESC", (_gpu_name(gpu),))
+        rows = self._query(f"WITH best AS ({_BEST}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? ORDER BY m, n, k, speedup DESC", (_gpu_name(gpu),))
         for m, n, k, text, speedup, time_us in rows:
             shape = Shape(m, n, k)
             if shape in out:

@@ -121,7 +121,7 @@ class Dispatcher:
         self.gpu = gpu
         self.verify = verify
         self.nearby = nearby
-        self._fallback = fallback or _torch_matmul
+        self._fallback = fallback or _torch_matmul()
         self._launcher = launcher
         self._shapes: dict[tuple[int, int, int], Any] = {}
         self._kernels: dict[str, Any] = {}  # program key (knobs stripped) -> loaded kernel
@@ -182,14 +182,20 @@ class Dispatcher:
 
     def __call__(self, a, b, out=None):
         """C = A @ B for row-major fp16 A (M x K) and B (K x N); writes ``out`` if given."""
-        if len(a.shape) != 2 or len(b.shape) != 2:
+        # The path of a shape already planned is kept short: a caller whose kernels take a
+        # few microseconds is bound by the host, and every step here adds to its time.
+        try:
+            m, k = a.shape
+            k2, n = b.shape
+        except ValueError:  # not 2-D
             return self._fallback(a, b, out=out)
-        m, k = a.shape
-        k2, n = b.shape
+        state = self._shapes.get((m, n, k))
+        if state is _FALLBACK:
+            return self._fallback(a, b, out=out)
         if k != k2:
             raise ValueError(f"matmul: A is {m} x {k} but B is {k2} x {n}")
-        state = self._shapes.get((m, n, k))
-        if state is _FALLBACK or self.db is None:
+        if self.db is None:
+            self._shapes[(m, n, k)] = _FALLBACK
             return self._fallback(a, b, out=out)
         launcher = self.launcher
         if not launcher.eligible(a, b, out):  # before any build: these operands never launch
@@ -260,10 +266,18 @@ class Dispatcher:
 
 
 
-def _torch_matmul(a, b, out=None):
-    import torch
+def _torch_matmul() -> Callable:
+    """``torch.matmul`` itself (no wrapper: it takes ``out=None``), resolved when a
+    dispatcher is made; without torch, a stand-in that says torch is needed."""
+    try:
+        import torch
+    except ImportError:
 
-    return torch.matmul(a, b, out=out) if out is not None else torch.matmul(a, b)
+        def missing(a, b, out=None):
+            raise RuntimeError("l2gen's fallback GEMM is torch.matmul: install torch, or pass fallback=")
+
+        return missing
+    return torch.matmul
 
 
 # ---------------------------------------------------------------------------------------
@@ -384,4 +398,8 @@ def matmul(a, b, out=None, *, db: KernelDB | str | Path | None = None):
     for this GPU. Anything not served (other dtypes, layouts, devices, shapes with no
     winning program) goes to ``torch.matmul``.
     """
+    if db is None:
+        default = _dispatchers.get(None)
+        if default is not None:
+            return default(a, b, out)
     return _dispatcher_for(db)(a, b, out)

@@ -212,3 +212,22 @@ def test_import_bench_results_measured_on_the_h200(tmp_path):
     bad.write_text('{"rows": 3}')
     with KernelDB(tmp_path / "other.db") as db, pytest.raises(DatabaseError, match="not an l2gen bench results file"):
         db.import_bench(bad)
+
+
+def test_a_program_is_judged_by_its_least_favourable_run_and_never_if_it_was_wrong(db, tmp_path):
+    lucky, steady, broken = program(128, 128), program(128, 256), program(64, 128, mainloop="pingpong")
+    db.add(ok(lucky, 15.0), H200)  # 1.33x once ...
+    db.add(ok(steady, 18.0), H200)  # 1.11x
+    db.add(ok(broken, 10.0), H200)  # 2x, but ...
+    db.add(Measurement(SHAPE, broken, "wrong", relerr=0.5, error="seed 1: relerr 0.5"), H200)  # ... wrong once
+    best, speedup, _ = db.best(H200, SHAPE)
+    assert best == lucky and speedup == pytest.approx(20 / 15)
+    db.add(ok(lucky, 21.0), H200)  # ... and 0.95x when measured again
+    best, speedup, time_us = db.best(H200, SHAPE)
+    assert best == steady and speedup == pytest.approx(20 / 18) and time_us == 18.0
+    assert db.best_all(H200)[SHAPE][0] == steady
+    # an older file's stored view is replaced when it is opened for writing
+    db.close()
+    with KernelDB(tmp_path / "k.db") as again:
+        rows = again._conn().execute("SELECT program_key FROM best").fetchall()
+        assert rows == [(program_key(steady),)]
