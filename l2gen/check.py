@@ -143,6 +143,20 @@ class _Checker:
                 self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'scheduler stream_k'; the persistent scheduler does not split K")
             if cfg.scheduler is Scheduler.PERSISTENT and k.decomposition is not Decomposition.HEURISTIC:
                 self.error("decomposition", "E-SCHED", "'decomposition' applies only to 'scheduler stream_k'")
+            # CUTLASS's stream-K scheduler takes a fixed split count only for the heuristic and
+            # split-K decompositions (its can_implement; the template's check_knobs says the same).
+            decomposition = Decomposition(k.decomposition)
+            if (
+                cfg.scheduler is Scheduler.STREAM_K
+                and k.splits > 1
+                and decomposition not in (Decomposition.HEURISTIC, Decomposition.SPLIT_K)
+            ):
+                self.error(
+                    "decomposition",
+                    "E-SPLITS",
+                    f"splits {k.splits} needs 'decomposition heuristic' or 'split_k'; "
+                    f"'{decomposition.value}' chooses its own split (use splits 1)",
+                )
 
     def sm80(self, c: Sm80Config) -> None:
         t = c.tile

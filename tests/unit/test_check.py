@@ -26,6 +26,8 @@ GOOD = [
     sm90("tile 128 x 256 x 64 cluster 2 x 1 x 1 mainloop cooperative"),
     sm90("tile 64 x 128 x 64 mainloop pingpong"),
     sm90("tile 128 x 128 x 64 scheduler stream_k splits 2 decomposition split_k"),
+    sm90("tile 128 x 128 x 64 scheduler stream_k splits 1 decomposition stream_k"),
+    sm90("tile 128 x 128 x 64 scheduler stream_k splits 4"),
 ]
 
 
@@ -63,6 +65,9 @@ BAD = [
     (sm90("tile 128 x 256 x 128 stages 7"), H200, "E-SMEM", "shared memory", 3),
     (sm90("tile 128 x 128 x 64 splits 2"), H200, "E-SPLITS", "stream_k", 3),
     (sm90("tile 128 x 128 x 64 decomposition stream_k"), H200, "E-SCHED", "only to 'scheduler stream_k'", 3),
+    # seen on the H200: the binary refused these knobs at launch (L2GEN_ERR_KNOB)
+    (sm90("tile 128 x 128 x 64 scheduler stream_k splits 2 decomposition data_parallel"), H200, "E-SPLITS", "'data_parallel' chooses its own split", 3),
+    (sm90("tile 128 x 128 x 64 scheduler stream_k splits 3 decomposition stream_k"), H200, "E-SPLITS", "needs 'decomposition heuristic' or 'split_k'", 3),
     (sm90("tile 256 x 256 x 64 mainloop cooperative"), H200, "E-REGS", "accumulators", 3),
     (sm90("tile 128 x 256 x 64 mainloop pingpong"), H200, "E-REGS", "accumulators", 3),
     (sm90("tile 256 x 256 x 128 mainloop cooperative epilogue direct"), H200, "E-REGS", "accumulators", 3),
