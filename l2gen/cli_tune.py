@@ -14,11 +14,18 @@ def _policy(args):
     if args.policy == "random":
         return RandomPolicy(args.gpu, seed=args.seed)
     if args.policy == "embedded":
-        if args.policy_state and Path(args.policy_state).exists():
+        from .search.policies import shipped_policy
+
+        state = args.policy_state if args.policy_state and Path(args.policy_state).exists() else None
+        if state is None and not args.fresh_policy:
+            state = shipped_policy(args.gpu)  # start from what was learned on this GPU
+            if state is not None:
+                eprint(f"[tune] embedded policy: starting from the trained state shipped for {args.gpu.name} (--fresh-policy to start from zero)")
+        if state is not None:
             try:
-                return EmbeddedPolicy.load(args.policy_state, gpu=args.gpu)
+                return EmbeddedPolicy.load(state, gpu=args.gpu, seed=args.seed)
             except (OSError, ValueError) as exc:
-                raise fail("E-POLICY", f"{args.policy_state}: {exc}") from None
+                raise fail("E-POLICY", f"{state}: {exc}") from None
         return EmbeddedPolicy(args.gpu, seed=args.seed)
     from .search.llm import LLMConfig, LLMConfigError, LLMPolicy
 
@@ -143,7 +150,9 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--batch", type=int, default=8, help="candidates proposed per step")
     p.add_argument("--parallel", type=int, default=1, help="shapes tuned at once (one shape's builds overlap another's measurement)")
     p.add_argument("--policy", choices=("embedded", "random", "llm"), default="embedded")
-    p.add_argument("--policy-state", help="embedded policy state (JSON): loaded if present, saved after the run")
+    p.add_argument("--policy-state", help="embedded policy state (JSON): loaded if present, saved after the run "
+                   "(without it the embedded policy starts from the state shipped for the GPU, if any)")
+    p.add_argument("--fresh-policy", action="store_true", help="start the embedded policy from zero, not from a shipped state")
     p.add_argument("--db", default="l2gen-kernels.db", help="kernel database (SQLite); resumes from it")
     p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
     p.add_argument("--seed", type=int, default=0)

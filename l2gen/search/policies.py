@@ -575,6 +575,17 @@ class EmbeddedPolicy:
         return policy
 
 
+def shipped_policy(gpu: Gpu) -> Path | None:
+    """The trained embedded-policy state that ships with l2gen for ``gpu``, if any."""
+    import importlib.resources
+
+    try:
+        path = importlib.resources.files("l2gen").joinpath("data", f"policy_{gpu.name}.json")
+        return Path(str(path)) if path.is_file() else None
+    except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def _slot(family: Family, name: str) -> Slot:
     for slot in SLOTS[family]:
         if slot.name == name:

@@ -4,6 +4,8 @@ no tracebacks, and the LLM policy end to end through ``l2gen tune`` on the simul
 from __future__ import annotations
 
 import json
+
+import pytest
 import stat
 from pathlib import Path
 
@@ -193,3 +195,17 @@ def test_bench_db_runs_each_best_on_its_own_shape(tmp_path, monkeypatch, capsys)
     assert seen["shapes"] == [Shape(64, 64, 64), Shape(128, 64, 64), Shape(256, 64, 64)]
     assert seen["only"] == {Shape(64, 64, 64): {"sm80_64x64x32_64x64x64"}, Shape(128, 64, 64): {"sm80_64x64x32_64x64x64"},
                             Shape(256, 64, 64): {"sm80_128x64x32_256x64x64"}}
+
+
+def test_embedded_tune_starts_from_the_shipped_policy_unless_told(tmp_path, capsys):
+    from l2gen.search.policies import shipped_policy
+    from l2gen.targets import GPUS
+
+    if shipped_policy(GPUS["h200"]) is None:
+        pytest.skip("no policy state shipped for the H200 in this checkout")
+    db = str(tmp_path / "k.db")
+    args = ["tune", "--shape", "64x4096x4096", "--budget", "4", "--batch", "4", "--simulate", "--db", db]
+    assert main(args) == 0
+    assert "starting from the trained state shipped for h200" in capsys.readouterr().err
+    assert main([*args[:-1], str(tmp_path / "k2.db"), "--fresh-policy"]) == 0
+    assert "shipped" not in capsys.readouterr().err
