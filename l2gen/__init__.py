@@ -5,10 +5,15 @@ bench -> search -> db -> dispatch. ``l2gen.matmul`` is the drop-in for ``torch.m
 """
 
 __version__ = "0.1.0"
+__all__ = ["matmul"]
 
 
-def matmul(a, b, out=None, **kwargs):
-    """C = A @ B with the best tuned kernel for the shape, else cuBLAS (see l2gen.dispatch)."""
-    from .dispatch import matmul as _matmul
+def __getattr__(name: str):
+    # ``l2gen.matmul`` is :func:`l2gen.dispatch.matmul` itself, imported on first use (so
+    # that ``import l2gen`` stays light) and then bound here: no wrapper on every call.
+    if name == "matmul":
+        from .dispatch import matmul
 
-    return _matmul(a, b, out=out, **kwargs)
+        globals()["matmul"] = matmul
+        return matmul
+    raise AttributeError(f"module 'l2gen' has no attribute {name!r}")

@@ -9,6 +9,9 @@ once per (shape, program), so the per-call cost is a dict lookup, a few checks a
 launch on torch's current stream (no sync and no allocation: safe inside CUDA graph
 capture once the shape has been called outside it).
 
+The database is read when a dispatcher is made: if nothing in it beats cuBLAS on this GPU,
+every call goes straight to ``torch.matmul`` after one attribute test.
+
 It never returns a wrong result knowingly: if building, loading or launching fails, or
 the first result of a shape disagrees with cuBLAS, it logs once and serves that shape
 with ``torch.matmul`` from then on.
@@ -136,6 +139,19 @@ class Dispatcher:
             except DatabaseError as exc:
                 log.warning("l2gen: %s; every shape will use the fallback", exc)
                 self.db = None
+        self._idle = not self._serves_anything()
+
+    def _serves_anything(self) -> bool:
+        """Whether some shape could be served by a program (one measured faster than
+        cuBLAS-best); if not, every call goes straight to the fallback."""
+        if self.db is None:
+            return False
+        try:
+            best = self.db.best_all(self.gpu, b_layout=BLayout.KN)
+        except DatabaseError as exc:
+            log.warning("l2gen: %s; every shape will use the fallback", exc)
+            return False
+        return any(speedup > min(MIN_SPEEDUP, MIN_SPEEDUP_NEARBY) for _, speedup, _ in best.values())
 
     @property
     def launcher(self) -> Launcher:
@@ -182,8 +198,11 @@ class Dispatcher:
 
     def __call__(self, a, b, out=None):
         """C = A @ B for row-major fp16 A (M x K) and B (K x N); writes ``out`` if given."""
-        # The path of a shape already planned is kept short: a caller whose kernels take a
-        # few microseconds is bound by the host, and every step here adds to its time.
+        # The paths are kept short: a caller whose kernels take a few microseconds is bound
+        # by the host, and every step here adds to its time. A database with nothing that
+        # beats cuBLAS on this GPU costs one attribute test per call.
+        if self._idle:
+            return self._fallback(a, b, out=out)
         try:
             m, k = a.shape
             k2, n = b.shape
@@ -258,6 +277,8 @@ class Dispatcher:
 
     def served_by(self, m: int, n: int, k: int) -> str:
         """'fallback', 'unprepared', or the serving program's name (for logs and tests)."""
+        if self._idle:
+            return "fallback"
         state = self._shapes.get((m, n, k))
         if state is None:
             return "unprepared"

@@ -220,3 +220,29 @@ def test_module_matmul_caches_a_dispatcher_per_db(db, monkeypatch):
     assert np.array_equal(c, numpy_matmul(a, b))
     dispatch.matmul(a, b, db=db)
     assert len(dispatch._dispatchers) == 1 and len(fake.loads) == 1 and len(fake.launches) == 2
+
+
+def test_a_database_with_no_winner_sends_every_call_straight_to_the_fallback(tmp_path):
+    slow = KernelDB(tmp_path / "slow.db")
+    slow.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=12.0, baseline_us=10.0), H200)
+    fake = FakeLauncher()
+    d = make(slow, fake)
+    assert d._idle
+    a, b = arrays(64, 256, 512)
+    assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    assert d.served_by(64, 256, 512) == "fallback"
+    assert not fake.loads and not fake.launches  # the launcher is never touched
+    slow.close()
+
+
+def test_a_database_with_a_winner_is_not_idle(db):
+    assert not make(db, FakeLauncher())._idle
+    assert make(None, FakeLauncher())._idle
+
+
+def test_l2gen_matmul_is_the_dispatch_function_itself():
+    import l2gen
+
+    assert l2gen.matmul is dispatch.matmul  # bound on first use: no wrapper per call
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        l2gen.nope  # noqa: B018
