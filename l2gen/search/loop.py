@@ -137,6 +137,9 @@ def tune(
     if evaluator.gpu.name != gpu.name:
         raise ValueError(f"the evaluator measures on {evaluator.gpu.name} but tuning targets {gpu.name}")
     db.check_gpu(gpu)
+    prime = getattr(policy, "prime", None)
+    if prime is not None:  # a policy that transfers between shapes starts from the database's bests
+        prime(db.best_all(gpu))
     lock = threading.RLock()
     report = _reporter(progress)
 

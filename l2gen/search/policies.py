@@ -452,6 +452,18 @@ class EmbeddedPolicy:
         out += self._rank(shape, self._draw(shape, x, need * self.oversample, seen), need, explore=1)
         return out[:n]
 
+    def prime(self, best: dict) -> None:
+        """Take a database's best program per shape (``KernelDB.best_all``: shape ->
+        (program, speedup, time_us)) as the elites that new shapes transfer from, where
+        they beat what the policy has already seen; measured programs from earlier runs,
+        benches or hand-written examples so seed the first batch of every shape."""
+        for shape, (program, speedup, _time_us) in best.items():
+            if program.family not in self.families or not speedup or speedup <= 0:
+                continue
+            key, r = str(shape), math.log(speedup)
+            if r > self.elite.get(key, ("", -math.inf))[1]:
+                self.elite[key] = (format_program(program), r)
+
     # -- learning ------------------------------------------------------------------------
 
     def _step(self, x: np.ndarray, programs: Sequence[Program], advantages: Sequence[float]) -> None:

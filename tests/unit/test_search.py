@@ -571,3 +571,21 @@ def test_device_evaluator_bundles_new_builds_when_asked(monkeypatch):
     ms = ev.evaluate(Shape(256, 4096, 4096), [Proposal(sm90(128, 128)), Proposal(sm90(128, 256)), Proposal(sm90(256, 128))])
     assert [m.status for m in ms] == ["ok"] * 3
     assert calls == [(3, 2)]
+
+
+def test_tune_primes_the_embedded_policy_with_the_databases_bests(tmp_path):
+    """A program measured earlier on another shape (say, a hand-written example imported
+    from a bench) is among the first proposals for a new, nearby shape."""
+    known = sm90(128, 256, mainloop="cooperative")
+    seen: list = []
+
+    class Recording(SimulatedEvaluator):
+        def evaluate(self, shape, proposals, on_result=None):
+            seen.extend((shape, p.program, p.note) for p in proposals)
+            return super().evaluate(shape, proposals, on_result)
+
+    with KernelDB(tmp_path / "k.db") as db:
+        db.add(Measurement(Shape(4096, 4096, 4096), known, "ok", time_us=100.0, baseline_us=105.0), H200, "bench")
+        tune([Shape(4096, 4096, 2048)], EmbeddedPolicy(H200, seed=0), Recording(H200), db, budget=4, batch=4, gpu=H200, progress=False)
+    first = [(program, note) for shape, program, note in seen[:4]]
+    assert (known, "best of 4096x4096x4096") in first
