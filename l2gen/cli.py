@@ -111,9 +111,18 @@ def cmd_compile(args) -> int:
 def cmd_build(args) -> int:
     from .build import build_many
     from .lower import lower
+    from .search.evaluate import build_program
 
     programs, ok = _load(args.files, args.gpu)
-    sources = [lower(p, args.gpu) for _, p in programs]
+    if args.db:  # each shape's best program: what the dispatcher will load
+        from .cli_run import _recorded_best
+
+        programs += [(f"{args.db}:{shape}", p) for shape, (p, _, _) in sorted(_recorded_best(args).items())]
+    if not programs:
+        raise fail("E-USAGE", "nothing to build: give DSL files or --db")
+    # The library of a program's compile-time configuration (knobs are launch arguments):
+    # the one bench, tune and the dispatcher share.
+    sources = [lower(build_program(p), args.gpu) for _, p in programs]
 
     def progress(done, total, result):
         state = "cached" if result.cached else ("ok" if result.ok else "FAILED")
@@ -162,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("build", help="compile programs to shared libraries (cached)")
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="*")
+    p.add_argument("--db", help="also build each shape's best program in this kernel database")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs (default: cores)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per nvcc run")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")

@@ -209,3 +209,34 @@ def test_embedded_tune_starts_from_the_shipped_policy_unless_told(tmp_path, caps
     assert "starting from the trained state shipped for h200" in capsys.readouterr().err
     assert main([*args[:-1], str(tmp_path / "k2.db"), "--fresh-policy"]) == 0
     assert "shipped" not in capsys.readouterr().err
+
+
+def test_build_makes_the_shared_library_of_files_and_database_bests(tmp_path, monkeypatch, capsys):
+    """``l2gen build`` builds a program's compile-time configuration (knobs at their
+    defaults, canonical name): the library bench, tune and the dispatcher load."""
+    import l2gen.build
+    from l2gen.build import BuildResult
+    from l2gen.db import KernelDB
+    from l2gen.ir import Knobs
+    from l2gen.parse import parse
+    from l2gen.search.base import Measurement, Shape
+    from l2gen.targets import GPUS
+
+    built = []
+
+    def fake_build_many(sources, **kw):
+        built.extend(sources)
+        return [BuildResult(s, tmp_path / f"{s.entry}.so") for s in sources]
+
+    monkeypatch.setattr(l2gen.build, "build_many", fake_build_many)
+    db = KernelDB(tmp_path / "k.db")
+    best = parse(GOOD.replace("}", "  raster along_m\n}"))
+    db.add(Measurement(Shape(64, 64, 64), best, "ok", time_us=5.0, baseline_us=10.0), GPUS["h200"])
+    path = write(tmp_path, "k.l2", GOOD.replace("kernel k", "kernel mine"))
+    assert main(["build", path, "--db", str(tmp_path / "k.db")]) == 0
+    assert len(built) == 2
+    assert all(s.program.knobs == Knobs() and s.program.name == "sm80_64x64x32" for s in built)
+    assert built[0].key == built[1].key  # the same configuration: one library
+    assert f"{tmp_path / 'k.db'}:64x64x64" in capsys.readouterr().out
+    assert main(["build"]) == 1
+    assert "nothing to build" in capsys.readouterr().err
