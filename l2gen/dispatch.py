@@ -139,19 +139,16 @@ class Dispatcher:
             except DatabaseError as exc:
                 log.warning("l2gen: %s; every shape will use the fallback", exc)
                 self.db = None
-        self._idle = not self._serves_anything()
-
-    def _serves_anything(self) -> bool:
-        """Whether some shape could be served by a program (one measured faster than
-        cuBLAS-best); if not, every call goes straight to the fallback."""
-        if self.db is None:
-            return False
-        try:
-            best = self.db.best_all(self.gpu, b_layout=BLayout.KN)
-        except DatabaseError as exc:
-            log.warning("l2gen: %s; every shape will use the fallback", exc)
-            return False
-        return any(speedup > min(MIN_SPEEDUP, MIN_SPEEDUP_NEARBY) for _, speedup, _ in best.values())
+        # Each shape's best (program, speedup, time_us), read once: it decides whether the
+        # dispatcher serves anything at all, and the nearby lookup indexes it.
+        self._recorded: dict[Shape, tuple] = {}
+        if self.db is not None:
+            try:
+                self._recorded = self.db.best_all(gpu, b_layout=BLayout.KN)
+            except DatabaseError as exc:
+                log.warning("l2gen: %s; every shape will use the fallback", exc)
+        # No program faster than cuBLAS-best: every call goes straight to the fallback.
+        self._idle = not any(speedup > min(MIN_SPEEDUP, MIN_SPEEDUP_NEARBY) for _, speedup, _ in self._recorded.values())
 
     @property
     def launcher(self) -> Launcher:
@@ -166,11 +163,7 @@ class Dispatcher:
         shape = Shape(m, n, k)
         if self.db is None or unserved(shape):
             return None
-        try:
-            found = self.db.best(self.gpu, shape, b_layout=BLayout.KN)
-        except DatabaseError as exc:
-            log.warning("l2gen: %s", exc)
-            return None
+        found = self._recorded.get(shape)
         if found is not None:  # measured on this very shape: trust it either way
             program, speedup, _ = found
             return Plan(program, speedup, shape, True) if speedup > MIN_SPEEDUP else None
@@ -186,11 +179,8 @@ class Dispatcher:
     def _bucket_index(self) -> dict:
         if self._buckets is None:
             index: dict = {}
-            try:
-                for s, (program, speedup, _) in self.db.best_all(self.gpu, b_layout=BLayout.KN).items():
-                    index.setdefault(bucket(s), []).append((s, program, speedup))
-            except DatabaseError as exc:
-                log.warning("l2gen: %s", exc)
+            for s, (program, speedup, _) in self._recorded.items():
+                index.setdefault(bucket(s), []).append((s, program, speedup))
             self._buckets = index
         return self._buckets
 
