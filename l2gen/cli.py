@@ -108,6 +108,18 @@ def cmd_compile(args) -> int:
     return EXIT_OK if ok else EXIT_FAIL
 
 
+def recorded_best(args) -> dict:
+    """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``."""
+    from .db import DatabaseError, KernelDB
+
+    try:
+        db = KernelDB(args.db, readonly=True)
+        db.check_gpu(args.gpu)
+        return db.best_all(args.gpu)
+    except DatabaseError as exc:
+        raise fail("E-DB", str(exc)) from None
+
+
 def cmd_build(args) -> int:
     from .build import build_many
     from .lower import lower
@@ -115,9 +127,7 @@ def cmd_build(args) -> int:
 
     programs, ok = _load(args.files, args.gpu)
     if args.db:  # each shape's best program: what the dispatcher will load
-        from .cli_run import _recorded_best
-
-        programs += [(f"{args.db}:{shape}", p) for shape, (p, _, _) in sorted(_recorded_best(args).items())]
+        programs += [(f"{args.db}:{shape}", p) for shape, (p, _, _) in sorted(recorded_best(args).items())]
     if not programs:
         raise fail("E-USAGE", "nothing to build: give DSL files or --db")
     # The library of a program's compile-time configuration (knobs are launch arguments):

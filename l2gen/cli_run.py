@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import EXIT_FAIL, EXIT_OK, eprint, fail
+from .cli import EXIT_FAIL, EXIT_OK, eprint, fail, recorded_best
 from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Span
 
@@ -123,25 +123,13 @@ def cmd_bench(args) -> int:
     return EXIT_FAIL if failed else EXIT_OK
 
 
-def _recorded_best(args) -> dict:
-    """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``."""
-    from .db import DatabaseError, KernelDB
-
-    try:
-        db = KernelDB(args.db, readonly=True)
-        db.check_gpu(args.gpu)
-        return db.best_all(args.gpu)
-    except DatabaseError as exc:
-        raise fail("E-DB", str(exc)) from None
-
-
 def _db_programs(args) -> tuple[list, dict]:
     """The best program of every shape in a database, one per distinct program (named
     after the first shape it is best for, ``<name>_<M>x<N>x<K>``), and for each shape the
     name of its best."""
     from dataclasses import replace
 
-    best = _recorded_best(args)
+    best = recorded_best(args)
     named: dict = {}  # program (knobs included, name aside) -> its bench name
     own: dict = {}
     for shape, (program, _speedup, _time_us) in sorted(best.items()):
@@ -184,7 +172,7 @@ def cmd_compare(args) -> int:
     if args.db:
         if len(args.files) != 1:
             raise fail("E-USAGE", "with --db give one bench results file: l2gen compare --db KERNELS.db RESULTS.json")
-        comparison = compare_db(_recorded_best(args), load(args.files[0]), tolerance=args.tolerance, names=(args.db, args.files[0]))
+        comparison = compare_db(recorded_best(args), load(args.files[0]), tolerance=args.tolerance, names=(args.db, args.files[0]))
     else:
         if len(args.files) != 2:
             raise fail("E-USAGE", "give two bench results files: l2gen compare FIRST.json SECOND.json")
