@@ -23,8 +23,8 @@ from l2gen.targets import get_gpu
 
 
 def main(db_path: str, out: str) -> int:
-    gpu = get_gpu("h200")
     db = KernelDB(db_path, readonly=True)
+    gpu = get_gpu(db.gpu or "h200")  # the GPU the database was recorded on
     root = cache_dir()
     entries: set[Path] = set()
     missing = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+
 from .search.base import Shape
 from .targets import Gpu
 
