@@ -10,8 +10,9 @@
 #   info           GPU, driver, nvcc, torch
 #   sample         compile SAMPLE_COUNT random programs (SAMPLE_SEED, SAMPLE_BUNDLE)
 #   gputests       pytest $GPUTESTS (default tests/gpu)
-#   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite; bench2 is a second,
-#                  independent run; 'compare' says which ratios reproduce between them
+#   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite, BENCH_REPS timed runs
+#                  in each of BENCH_ROUNDS rounds; bench2 is a second, independent run;
+#                  'compare' says which ratios reproduce between them
 #   tune-random, tune-embedded
 #                  l2gen tune on the suite, TUNE_BUDGET candidates per shape, TUNE_PARALLEL
 #                  shapes at once, TUNE_BUNDLE programs per nvcc run; databases, curves and
@@ -79,7 +80,7 @@ for step in "$@"; do
     bench|bench2)
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} \
-        --suite "$SUITE" --reps "${BENCH_REPS:-50}" -o "$RESULTS/$step.json" \
+        --suite "$SUITE" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-1}" -o "$RESULTS/$step.json" \
         2> "$RESULTS/$step.log" > "$RESULTS/$step.txt" || status=1
       tail -28 "$RESULTS/$step.txt"
       ;;
@@ -124,7 +125,7 @@ for step in "$@"; do
       $L2GEN db show --db "$RESULTS/kernels_h200.db" || status=1
       ;;
     dbbench)
-      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "$DB" --reps "${BENCH_REPS:-50}" -o "$RESULTS/dbbench.json" \
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "$DB" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-1}" -o "$RESULTS/dbbench.json" \
         2> "$RESULTS/dbbench.log" > "$RESULTS/dbbench.txt" || status=1
       tail -28 "$RESULTS/dbbench.txt"
       $L2GEN compare --db "$DB" "$RESULTS/dbbench.json" --all -o "$RESULTS/dbcompare.json" || status=1

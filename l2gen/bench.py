@@ -10,12 +10,15 @@ The results file (JSON)::
 
     {"gpu": target name, "device": the CUDA device's name (null if none ran),
      "date": ISO 8601 UTC, "commit": git sha of the l2gen checkout or null,
-     "nvcc": version or null, "reps": timed runs per median (4x for shapes whose floor is
-     under 5 µs, see reps_for), "seeds": input sets verified,
+     "nvcc": version or null, "reps": timed runs per median and round (4x for shapes whose
+     floor is under 5 µs, see reps_for), "rounds": timing rounds, each on fresh buffers
+     (the median pools them), "seeds": input sets verified,
      "rows": [{"m", "n", "k", "program", "program_text", "l2gen_us", "relerr", "status",
                "error", "tflops", "floor_pct", "baselines": {"torch_matmul_us",
                "cublas_us", "cublas_tt_us", "cublaslt_heuristic_us",
-               "cublaslt_autotuned_us"}, "cublas_best_us", "speedup_vs_best"}],
+               "cublaslt_autotuned_us"}, "cublas_best_us", "speedup_vs_best",
+               with rounds > 1 also "round_us": [per-round median],
+               "baseline_round_us": {"<baseline>_us": [...]}}],
      "shapes": [{"m", "n", "k", "best_program", "l2gen_us", "baselines",
                  "baseline_errors", "cublas_best_us", "speedup_vs_best"}]}
 
@@ -85,6 +88,7 @@ def bench(
     out_json: Path | str,
     plot_png: Path | str | None = None,
     reps: int = 50,
+    rounds: int = 1,
     seeds: int = 3,
     progress: Progress | None = stderr_progress,
     baselines: Sequence[str] = BASELINES,
@@ -156,7 +160,7 @@ def bench(
     results = {
         "gpu": gpu.name, "device": None, "date": datetime.now(timezone.utc).isoformat(
             timespec="seconds"), "commit": git_commit(), "nvcc": found_nvcc_version(),
-        "reps": reps, "seeds": seeds, "rows": [], "shapes": [],
+        "reps": reps, "rounds": rounds, "seeds": seeds, "rows": [], "shapes": [],
     }
     own_worker = worker is None
     worker = worker or Worker()
@@ -173,7 +177,8 @@ def bench(
                 f"{len(wanted)} baseline(s)")
             task = {"kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k,
                     "b_layout": b_layout, "candidates": candidates, "baselines": wanted,
-                    "shim": shim, "seeds": seeds, "reps": reps_for(shape, gpu, reps)}
+                    "shim": shim, "seeds": seeds, "reps": reps_for(shape, gpu, reps),
+                    "rounds": rounds}
             outcome = measure(worker, task, task_timeout(shape, gpu, len(candidates) + len(wanted)))
             if outcome.get("device"):
                 results["device"] = outcome["device"].get("name")
@@ -239,7 +244,18 @@ def make_row(shape: Shape, program: str, text: str, cand: dict, base: dict, gpu:
         "baselines": times,
         "cublas_best_us": best,
         "speedup_vs_best": best / t if t and best else None,
+        **_rounds(cand, base, names),
     }
+
+
+def _rounds(cand: dict, base: dict, names: Sequence[str]) -> dict:
+    """With several timing rounds (bench ``rounds``): each round's median, the program's
+    and each baseline's, so a reader can see how much the rounds differed."""
+    if "round_us" not in cand:
+        return {}
+    return {"round_us": cand["round_us"],
+            "baseline_round_us": {result_key(n): base[n]["round_us"] for n in names
+                                  if n in base and "round_us" in base[n]}}
 
 
 def shape_summary(shape: Shape, rows: Sequence[dict], base: dict,

@@ -114,7 +114,7 @@ def cmd_bench(args) -> int:
         raise fail("E-USAGE", f"program names must be unique in a bench (repeated: {', '.join(sorted({n for n in names if names.count(n) > 1}))})")
     out = Path(args.out)
     plot = None if args.no_plot else out.with_suffix(".png")
-    results = bench(programs, shapes, args.gpu, out_json=out, plot_png=plot, reps=args.reps, seeds=args.seeds, jobs=args.jobs, only=only)
+    results = bench(programs, shapes, args.gpu, out_json=out, plot_png=plot, reps=args.reps, rounds=args.rounds, seeds=args.seeds, jobs=args.jobs, only=only)
     print(format_table(results))
     print(f"results: {out}" + (f", plot: {plot}" if plot and plot.exists() else ""))
     failed = [r for r in results["rows"] if r["status"] != "ok"]
@@ -206,7 +206,9 @@ def add_commands(sub) -> None:
     p.add_argument("--db-all", action="store_true", help="run every --db program on every shape")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
-    p.add_argument("--reps", type=int, default=50, help="timed runs per median (at least 30)")
+    p.add_argument("--reps", type=int, default=50, help="timed runs per median and round (at least 30)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timing rounds per shape, each on freshly allocated buffers; the median pools them")
     p.add_argument("--seeds", type=int, default=3, help="input sets verified per program")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs")
     p.add_argument("-o", "--out", default="bench-results.json")

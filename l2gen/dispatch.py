@@ -402,6 +402,17 @@ def _dispatcher_for(db) -> Dispatcher:
     return d
 
 
+def use_db(db: KernelDB | str | Path | None) -> Dispatcher:
+    """Make ``l2gen.matmul``'s default dispatcher (the one used without ``db=``) serve from
+    ``db`` (None: ``$L2GEN_DB`` or the shipped database again); returns that dispatcher."""
+    gpu = detect_gpu()
+    source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
+    d = Dispatcher(source, gpu)
+    with _dispatchers_lock:
+        _dispatchers[None] = d
+    return d
+
+
 def matmul(a, b, out=None, *, db: KernelDB | str | Path | None = None):
     """``a @ b`` for 2-D fp16 torch tensors on the GPU, by the best tuned kernel.
 

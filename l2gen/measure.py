@@ -52,9 +52,15 @@ def execute(task: dict, note: Note) -> dict:
 
 def _measure(task: dict, note: Note) -> dict:
     """Verify every runner (baselines, then candidates), then time the verified ones
-    interleaved. A CudaError propagates: the context may be broken, the worker must go."""
+    interleaved. A CudaError propagates: the context may be broken, the worker must go.
+
+    With ``"rounds": R`` > 1 the timing is repeated R times, each round on freshly
+    allocated inputs (new random data, new addresses) and output; a runner's median is over
+    the pooled runs of all rounds, and each round's own median is reported as
+    ``round_us``. A kernel of a few µs can run a few percent faster or slower depending on
+    where its buffers landed; pooling rounds averages that out."""
     from .runtime import CudaError, DeviceBuffer, Library
-    from .timing import time_interleaved
+    from .timing import TimingSample, time_interleaved
     from .verify import DEFAULT_SEEDS, b_shape, make_inputs, verify
 
     global _SESSION
@@ -66,11 +72,18 @@ def _measure(task: dict, note: Note) -> dict:
     layout = task.get("b_layout", "kn")
     seeds = int(task.get("seeds", DEFAULT_SEEDS))
     reps, warmup = int(task.get("reps", 50)), int(task.get("warmup", 5))
+    rounds = max(1, int(task.get("rounds", 1)))
     h, dev = s.stream.handle, s.device
-    a, b, c = dev.alloc((m, k)), dev.alloc(b_shape(n, k, layout)), dev.alloc((m, n))
-    owned = [a.buffer, b.buffer, c.buffer]
+    owned: list = []
+
+    def buffers():
+        a, b, c = dev.alloc((m, k)), dev.alloc(b_shape(n, k, layout)), dev.alloc((m, n))
+        owned.extend((a.buffer, b.buffer, c.buffer))
+        return a, b, c
+
+    a, b, c = buffers()
     results: dict[str, dict] = {}  # "baseline/<name>" or "candidate/<name>" -> result
-    runners: dict = {}
+    binders: dict = {}  # key -> (a, b, c) -> runner on those buffers, for verified runners
     relerrs: dict[str, float] = {}
 
     def check(key: str, name: str, kernel, c_view, transposed: bool) -> None:
@@ -100,17 +113,22 @@ def _measure(task: dict, note: Note) -> dict:
                     continue
                 note({"phase": "verify", "baseline": name})
                 transposed = bl.c_transposed(name)
-                c_view = c.buffer.array((n, m)) if transposed else c
+
+                def bind(a, b, c, name=name, transposed=transposed):
+                    c_view = c.buffer.array((n, m)) if transposed else c
+                    return bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=s.flush)
+
                 try:
-                    run = bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=s.flush)
+                    run = bind(a, b, c)
                 except CudaError:
                     raise
                 except Exception as e:
                     results[key] = failed(name, "run_error", f"{type(e).__name__}: {e}")
                     continue
+                c_view = c.buffer.array((n, m)) if transposed else c
                 check(key, name, lambda *_, run=run: run(h), c_view, transposed)
                 if key in relerrs:
-                    runners[key] = run
+                    binders[key] = bind
 
         ldb = n if layout == "kn" else k
         for cand in task["candidates"]:
@@ -130,15 +148,30 @@ def _measure(task: dict, note: Note) -> dict:
             if ws is not None:
                 owned.append(ws)
 
-            def run(stream, lib=lib, knobs=knobs, ws=ws, ws_bytes=ws_bytes):
-                lib.launch(a, b, c, m, n, k, k, ldb, n, knobs, ws, ws_bytes, stream)
+            def bind(a, b, c, lib=lib, knobs=knobs, ws=ws, ws_bytes=ws_bytes):
+                def run(stream):
+                    lib.launch(a, b, c, m, n, k, k, ldb, n, knobs, ws, ws_bytes, stream)
+                return run
 
+            run = bind(a, b, c)
             check(key, name, lambda *_, run=run: run(h), c, False)
             if key in relerrs:
-                runners[key] = run
+                binders[key] = bind
 
-        note({"phase": "time", "runners": list(runners)})
-        samples = time_interleaved(runners, h, s.flush, reps=reps, warmup=warmup) if runners else {}
+        note({"phase": "time", "runners": list(binders), "rounds": rounds})
+        per_round: list[dict[str, TimingSample]] = []
+        for r in range(rounds):
+            if r:  # fresh buffers; the earlier ones stay allocated, so these land elsewhere
+                a, b, c = buffers()
+                ra, rb, _ = make_inputs(m, n, k, r, layout)
+                dev.write(a, ra)
+                dev.write(b, rb)
+            runners = {key: bind(a, b, c) for key, bind in binders.items()}
+            if runners:
+                per_round.append(time_interleaved(runners, h, s.flush, reps=reps, warmup=warmup,
+                                                  wall_check=r == rounds - 1))
+        samples = _pool(per_round)
+        round_us = {key: [rs[key].median_us for rs in per_round] for key in samples}
     finally:
         for buf in owned:
             try:
@@ -161,6 +194,8 @@ def _measure(task: dict, note: Note) -> dict:
                             "relerr": relerrs[key], "error": None, "escaped": False,
                             "event_vs_wall": ev, "spread": sample.spread,
                             "reps": len(sample.event_us)}
+            if rounds > 1:
+                results[key]["round_us"] = round_us[key]
     return {
         "status": "ok",
         "error": None,
@@ -169,3 +204,15 @@ def _measure(task: dict, note: Note) -> dict:
         "candidates": [results[f"candidate/{cand['name']}"] for cand in task["candidates"]],
         "baselines": {name: results[f"baseline/{name}"] for name in task["baselines"]},
     }
+
+
+def _pool(per_round: list) -> dict:
+    """One TimingSample per runner: the event times of every round, and the escape-check
+    batch of the last round (the only one that ran it)."""
+    from dataclasses import replace
+
+    if not per_round:
+        return {}
+    last = per_round[-1]
+    return {key: replace(last[key], event_us=tuple(t for rs in per_round for t in rs[key].event_us))
+            for key in last}

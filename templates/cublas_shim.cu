@@ -194,8 +194,11 @@ int l2gen_cublaslt_gemm(int tuned, const void* A, const void* B, void* C, int M,
   return lt_run(s, *p, tuned ? p->tuned : 0, A, B, C, stream);
 }
 
-// Time up to 16 heuristic candidates (median of `reps` runs each, `flush` bytes memset on
-// `stream` before every run to evict the L2) and keep the fastest for this shape. Writes
+// Time up to 16 heuristic candidates and keep the fastest for this shape. The candidates
+// are timed round-robin: round r runs every candidate once, in an order rotated by r, each
+// run preceded by a memset of `flush` bytes on `stream` that evicts the L2. A clock or
+// temperature drift over the tuning then weighs on all candidates alike (timed one after
+// another, the first ones ran on a cooler GPU). The median of `reps` rounds decides. Writes
 // how many algorithms ran, the chosen index in heuristic order, and its median in us.
 // A second call for a tuned shape returns the cached choice without timing again.
 int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N, int K, int nk,
@@ -214,45 +217,65 @@ int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N,
     *best_us = p->tuned_us;
     return 0;
   }
-  cudaEvent_t start = nullptr, end = nullptr;
-  CUDA_TRY(cudaEventCreate(&start));
-  CUDA_TRY(cudaEventCreate(&end));
-  int best = -1, ran = 0;
-  float best_time = 0.f;
-  std::vector<float> times(reps);
+  // Candidates that run at all (two warm-up runs each); one that fails is left out.
+  std::vector<int> live;
   for (int i = 0; i < static_cast<int>(p->algos.size()); ++i) {
     bool ok = true;
     for (int w = 0; w < 2 && ok; ++w) ok = lt_run(s, *p, i, A, B, C, stream) == 0;
-    for (int r = 0; r < reps && ok; ++r) {
+    ok = ok && cudaStreamSynchronize(stream) == cudaSuccess;
+    if (ok) {
+      live.push_back(i);
+    } else {
+      cudaGetLastError();  // not sticky: the next candidate may run; a sticky error surfaces below
+    }
+  }
+  CUDA_TRY(cudaStreamSynchronize(stream));
+  if (live.empty()) return L2GEN_SHIM_NO_ALGORITHM;
+  const size_t n = live.size();
+  std::vector<cudaEvent_t> start(n, nullptr), end(n, nullptr);
+  std::vector<std::vector<float>> times(n);
+  bool ok = true;
+  for (size_t j = 0; j < n && ok; ++j) {
+    ok = cudaEventCreate(&start[j]) == cudaSuccess && cudaEventCreate(&end[j]) == cudaSuccess;
+    times[j].reserve(reps);
+  }
+  for (int r = 0; r < reps && ok; ++r) {
+    for (size_t t = 0; t < n && ok; ++t) {
+      const size_t j = (t + static_cast<size_t>(r)) % n;
       if (flush && flush_bytes) ok = cudaMemsetAsync(flush, r & 0xFF, flush_bytes, stream) == cudaSuccess;
-      ok = ok && cudaEventRecord(start, stream) == cudaSuccess;
-      ok = ok && lt_run(s, *p, i, A, B, C, stream) == 0;
-      ok = ok && cudaEventRecord(end, stream) == cudaSuccess;
-      ok = ok && cudaEventSynchronize(end) == cudaSuccess;
+      ok = ok && cudaEventRecord(start[j], stream) == cudaSuccess;
+      ok = ok && lt_run(s, *p, live[j], A, B, C, stream) == 0;
+      ok = ok && cudaEventRecord(end[j], stream) == cudaSuccess;
+    }
+    ok = ok && cudaStreamSynchronize(stream) == cudaSuccess;
+    for (size_t j = 0; j < n && ok; ++j) {
       float ms = 0.f;
-      ok = ok && cudaEventElapsedTime(&ms, start, end) == cudaSuccess;
-      times[r] = 1000.f * ms;
+      ok = cudaEventElapsedTime(&ms, start[j], end[j]) == cudaSuccess;
+      times[j].push_back(1000.f * ms);
     }
-    if (!ok) {
-      // An algorithm that fails to run is skipped; a sticky error surfaces below.
-      cudaGetLastError();
-      continue;
-    }
-    ++ran;
-    std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
-    float med = times[reps / 2];
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (start[j]) cudaEventDestroy(start[j]);
+    if (end[j]) cudaEventDestroy(end[j]);
+  }
+  if (!ok) {
+    cudaError_t e = cudaGetLastError();
+    return e != cudaSuccess ? -static_cast<int>(e) : L2GEN_SHIM_NO_ALGORITHM;
+  }
+  int best = -1;
+  float best_time = 0.f;
+  for (size_t j = 0; j < n; ++j) {
+    std::vector<float>& ts = times[j];
+    std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());
+    const float med = ts[ts.size() / 2];
     if (best < 0 || med < best_time) {
-      best = i;
+      best = live[j];
       best_time = med;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
-  CUDA_TRY(cudaStreamSynchronize(stream));
-  if (best < 0) return L2GEN_SHIM_NO_ALGORITHM;
   p->tuned = best;
   p->tuned_us = best_time;
-  *tried = ran;
+  *tried = static_cast<int>(n);
   *chosen = best;
   *best_us = best_time;
   return 0;

@@ -285,3 +285,36 @@ def test_knob_variants_share_a_build_and_only_limits_the_shapes(tmp_path, monkey
     assert launched == [(64, "fast", "heuristic"), (64, "fast_along_m", "along_m"), (128, "fast_along_m", "along_m")]
     assert [(r["m"], r["program"]) for r in res["rows"]] == [(64, "fast"), (64, "fast_along_m"), (128, "fast_along_m")]
     assert "raster       along_m" in res["rows"][2]["program_text"]
+
+
+def test_rounds_reach_the_task_and_each_rounds_median_reaches_the_row(tmp_path, monkeypatch):
+    """``rounds`` goes to the worker task; the per-round medians it reports, the program's
+    and the baselines', are kept in the row (and absent with one round)."""
+    import l2gen.build
+    import l2gen.lower
+    from l2gen.build import BuildResult
+    from l2gen.lower import KernelSource
+
+    tasks = []
+
+    def fake_measure(worker, task, timeout=None):
+        tasks.append(task)
+        base = {n: dict(b, round_us=[b["time_us"]] * task["rounds"])
+                for n, b in ok_baselines().items() if n in task["baselines"]}
+        return {"status": "ok", "baselines": base,
+                "candidates": [{"name": c["name"], "status": "ok", "time_us": 8.0, "relerr": 1e-4,
+                                "round_us": [7.9, 8.0, 8.1]} for c in task["candidates"]]}
+
+    monkeypatch.setattr(l2gen.lower, "lower", lambda p, gpu: KernelSource(p, gpu.name, "e", "//", "-gencode=x"))
+    monkeypatch.setattr(l2gen.build, "build_many", lambda sources, **kw: [BuildResult(s, Path("/fake/x.so")) for s in sources])
+    monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
+    monkeypatch.setattr(bench_mod, "measure", fake_measure)
+    res = bench_mod.bench([_program("fast")], [Shape(64, 64, 64)], H200, out_json=tmp_path / "r.json",
+                          worker=object(), rounds=3, progress=None)
+    assert tasks[0]["rounds"] == 3 and res["rounds"] == 3
+    row = res["rows"][0]
+    assert set(row) == ROW_KEYS | {"round_us", "baseline_round_us"}
+    assert row["round_us"] == [7.9, 8.0, 8.1]
+    assert row["baseline_round_us"]["cublas_us"] == [11.0] * 3
+    plain = bench_mod.make_row(Shape(64, 64, 64), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), H200)
+    assert set(plain) == ROW_KEYS

@@ -222,6 +222,18 @@ def test_module_matmul_caches_a_dispatcher_per_db(db, monkeypatch):
     assert len(dispatch._dispatchers) == 1 and len(fake.loads) == 1 and len(fake.launches) == 2
 
 
+def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
+    monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "_dispatchers", {})
+    fake = FakeLauncher()
+    monkeypatch.setattr(dispatch, "TorchLauncher", lambda: fake)
+    monkeypatch.setattr(dispatch, "_torch_matmul", lambda: numpy_matmul)
+    d = dispatch.use_db(db)
+    a, b = arrays(64, 256, 512)
+    assert np.array_equal(dispatch.matmul(a, b), numpy_matmul(a, b))
+    assert dispatch._dispatchers == {None: d} and len(fake.launches) == 1
+
+
 def test_a_database_with_no_winner_sends_every_call_straight_to_the_fallback(tmp_path):
     slow = KernelDB(tmp_path / "slow.db")
     slow.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=12.0, baseline_us=10.0), H200)

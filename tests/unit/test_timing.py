@@ -184,3 +184,15 @@ def test_escape_check_compares_the_batch_with_events_around_the_same_batch():
     side = TimingSample("k", (2.0,) * 30, wall_us=17.0, host_us=3.0, batch=50, batch_event_us=1.5)
     assert side.escaped
     assert side.to_dict()["batch_event_us"] == 1.5
+
+
+def test_rounds_pool_their_runs_and_keep_the_last_rounds_batch():
+    from l2gen.measure import _pool
+
+    first = {"k": TimingSample("k", (1.0, 2.0, 3.0))}
+    last = {"k": TimingSample("k", (10.0, 11.0, 12.0), wall_us=12.0, host_us=1.0, batch=8, batch_event_us=11.5)}
+    pooled = _pool([first, last])["k"]
+    assert pooled.event_us == (1.0, 2.0, 3.0, 10.0, 11.0, 12.0)
+    assert pooled.median_us == pytest.approx(6.5)
+    assert (pooled.wall_us, pooled.batch, pooled.batch_event_us) == (12.0, 8, 11.5)
+    assert _pool([]) == {}
