@@ -16,7 +16,7 @@ import time
 import torch
 
 import l2gen
-from l2gen.dispatch import Dispatcher, detect_gpu
+from l2gen.dispatch import use_db
 
 
 def per_call_us(fn, calls: int = 20000) -> float:
@@ -35,11 +35,11 @@ def main() -> None:
     dtype = torch.float16 if args.device == "cuda" else torch.float32
     a, b = (torch.randn(8, 8, device=args.device, dtype=dtype) for _ in range(2))
     out = torch.empty(8, 8, device=args.device, dtype=dtype)
-    dispatcher = Dispatcher(args.db, detect_gpu())
+    dispatcher = use_db(args.db)  # l2gen.matmul's default from here on
     calls = {
         "torch.matmul": lambda: torch.matmul(a, b, out=out),
-        "Dispatcher": lambda: dispatcher(a, b, out),
-        "l2gen.matmul": lambda: l2gen.matmul(a, b, out, db=args.db) if args.db else l2gen.matmul(a, b, out),
+        "Dispatcher": lambda: dispatcher(a, b, out=out),
+        "l2gen.matmul": lambda: l2gen.matmul(a, b, out=out),
     }
     for fn in calls.values():
         fn()

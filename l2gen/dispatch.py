@@ -149,6 +149,9 @@ class Dispatcher:
                 log.warning("l2gen: %s; every shape will use the fallback", exc)
         # No program faster than cuBLAS-best: every call goes straight to the fallback.
         self._idle = not any(speedup > min(MIN_SPEEDUP, MIN_SPEEDUP_NEARBY) for _, speedup, _ in self._recorded.values())
+        # What ``l2gen.matmul`` calls when this is its default dispatcher: the fallback
+        # itself when idle (no frame of ours between the caller and torch.matmul), else self.
+        self.entry: Callable = self._fallback if self._idle else self
 
     @property
     def launcher(self) -> Launcher:
@@ -386,6 +389,13 @@ def default_db_path(gpu: Gpu) -> Path | None:
 
 _dispatchers: dict = {}
 _dispatchers_lock = threading.Lock()
+_default_entry: Callable | None = None  # the default dispatcher's entry, once it exists
+
+
+def _set_default(d: Dispatcher) -> None:
+    global _default_entry
+    _dispatchers[None] = d
+    _default_entry = d.entry
 
 
 def _dispatcher_for(db) -> Dispatcher:
@@ -398,7 +408,10 @@ def _dispatcher_for(db) -> Dispatcher:
                 gpu = detect_gpu()
                 source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
                 d = Dispatcher(source, gpu)
-                _dispatchers[key] = d
+                if key is None:
+                    _set_default(d)
+                else:
+                    _dispatchers[key] = d
     return d
 
 
@@ -409,7 +422,7 @@ def use_db(db: KernelDB | str | Path | None) -> Dispatcher:
     source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
     d = Dispatcher(source, gpu)
     with _dispatchers_lock:
-        _dispatchers[None] = d
+        _set_default(d)
     return d
 
 
@@ -421,7 +434,7 @@ def matmul(a, b, out=None, *, db: KernelDB | str | Path | None = None):
     winning program) goes to ``torch.matmul``.
     """
     if db is None:
-        default = _dispatchers.get(None)
-        if default is not None:
-            return default(a, b, out)
+        entry = _default_entry
+        if entry is not None:
+            return entry(a, b, out=out)
     return _dispatcher_for(db)(a, b, out)

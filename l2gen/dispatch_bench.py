@@ -1,7 +1,12 @@
 """Is ``l2gen.matmul`` ever slower than ``torch.matmul``? Both timed per shape, in one process.
 
-For every shape the dispatcher (over a kernel database) and ``torch.matmul`` compute the same
-product into preallocated outputs, and three times are taken for each, interleaved:
+For every shape three callers compute the same product: ``l2gen.matmul`` (the dispatcher
+over a kernel database), ``torch.matmul``, and ``torch.matmul`` again as a **control**. The
+control is what "noise" means here: two calls of the same function, timed the same way,
+differ by about that much. Three times are taken for each, interleaved in rotated order, and
+each caller writes to each of three preallocated outputs in turn (a kernel of a few µs runs
+measurably faster or slower depending on where its output lies; rotating the buffers
+spreads that over all three):
 
 - **device**: CUDA events around one call, the L2 flushed before it; the median of ``reps``.
 - **wall per call**: ``calls`` calls back to back, then a synchronize; wall time over
@@ -12,8 +17,7 @@ product into preallocated outputs, and three times are taken for each, interleav
 
 A shape passes when both ratios (dispatcher over torch) are at most ``1 + tolerance``. The
 first call of each shape also goes through the dispatcher's own check against torch
-(relative error at most 1e-3), and the result of the timed calls is compared once more at
-the end.
+(relative error at most 1e-3), and the result of a last call of each is compared at the end.
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ from .search.base import Shape
 
 FLUSH_BYTES = 256 << 20
 WALL_TARGET_US = 20_000.0  # each wall-time loop runs about this long
+CALLERS = ("l2gen", "torch", "control")
 
 
 def bench_dispatch(
     shapes: Sequence[Shape],
     db,
     *,
-    reps: int = 50,
-    rounds: int = 5,
+    reps: int = 200,
+    rounds: int = 15,
     tolerance: float = 0.03,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
@@ -59,33 +64,40 @@ def bench_dispatch(
         g = torch.Generator(device="cuda").manual_seed(i)
         a = torch.randn(m, k, generator=g, device="cuda").half()
         b = torch.randn(k, n, generator=g, device="cuda").half()
-        out_l2, out_torch = torch.empty(m, n, dtype=torch.half, device="cuda"), torch.empty(m, n, dtype=torch.half, device="cuda")
-        ours = lambda: l2gen.matmul(a, b, out=out_l2)  # noqa: E731
-        theirs = lambda: torch.matmul(a, b, out=out_torch)  # noqa: E731
-        ours()  # plans, builds or loads, and checks the shape's first result
-        theirs()
+        outs = [torch.empty(m, n, dtype=torch.half, device="cuda") for _ in CALLERS]
+        callers = {
+            "l2gen": lambda out: l2gen.matmul(a, b, out=out),
+            "torch": lambda out: torch.matmul(a, b, out=out),
+            "control": lambda out: torch.matmul(a, b, out=out),
+        }
+        callers["l2gen"](outs[0])  # plans, builds or loads, and checks the shape's first result
         torch.cuda.synchronize()
         served = dispatcher.served_by(m, n, k)
         plan = dispatcher.plan(m, n, k) if served != "fallback" else None
-        dev_ours, dev_theirs = _device_times(ours, theirs, flush, reps)
-        per_call = max(dev_theirs, 1.0)
+        dev = _device_times(callers, outs, flush, reps)
+        per_call = max(dev["torch"], 1.0)
         calls = max(10, min(500, int(WALL_TARGET_US / per_call)))
-        wall_ours, wall_theirs, enq_ours, enq_theirs = _wall_times(ours, theirs, calls, rounds)
+        wall, enq = _wall_times(callers, outs, calls, rounds)
+        callers["l2gen"](outs[0])
+        callers["torch"](outs[1])
         torch.cuda.synchronize()
-        ref = out_torch.float()
-        err = float((out_l2.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+        ref = outs[1].float()
+        err = float((outs[0].float() - ref).norm() / ref.norm().clamp_min(1e-30))
         row = {
             "m": m, "n": n, "k": k, "served_by": served,
             "tuned_for": str(plan.tuned_for) if plan else None,
             "recorded_speedup": plan.speedup if plan else None,
-            "device_us": dev_ours, "torch_device_us": dev_theirs, "device_ratio": dev_ours / dev_theirs,
-            "wall_us": wall_ours, "torch_wall_us": wall_theirs, "wall_ratio": wall_ours / wall_theirs,
-            "enqueue_us": enq_ours, "torch_enqueue_us": enq_theirs, "calls": calls, "relerr": err,
+            "device_us": dev["l2gen"], "torch_device_us": dev["torch"], "device_ratio": dev["l2gen"] / dev["torch"],
+            "wall_us": wall["l2gen"], "torch_wall_us": wall["torch"], "wall_ratio": wall["l2gen"] / wall["torch"],
+            "enqueue_us": enq["l2gen"], "torch_enqueue_us": enq["torch"],
+            "control_device_ratio": dev["control"] / dev["torch"], "control_wall_ratio": wall["control"] / wall["torch"],
+            "calls": calls, "relerr": err,
         }
         row["ok"] = bool(row["device_ratio"] <= 1 + tolerance and row["wall_ratio"] <= 1 + tolerance and err <= 1e-3)
         rows.append(row)
-        say(f"[dispatch] {i}/{len(shapes)} {shape}: {served}: device {dev_ours:.2f} vs {dev_theirs:.2f} us "
-            f"({row['device_ratio']:.3f}), wall {wall_ours:.2f} vs {wall_theirs:.2f} us ({row['wall_ratio']:.3f})"
+        say(f"[dispatch] {i}/{len(shapes)} {shape}: {served}: device {dev['l2gen']:.2f} vs {dev['torch']:.2f} us "
+            f"({row['device_ratio']:.3f}, control {row['control_device_ratio']:.3f}), wall {wall['l2gen']:.2f} vs "
+            f"{wall['torch']:.2f} us ({row['wall_ratio']:.3f}, control {row['control_wall_ratio']:.3f})"
             + ("" if row["ok"] else "  <-- slower"))
     return {
         "gpu": gpu.name, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -95,58 +107,72 @@ def bench_dispatch(
     }
 
 
-def _device_times(ours, theirs, flush, reps: int) -> tuple[float, float]:
+def rotation(names: Sequence[str], r: int) -> list[tuple[str, int]]:
+    """Round ``r``'s (caller, output index) pairs: the callers in an order rotated by ``r``,
+    and caller ``j`` on output ``(j + r) % len(names)``, so that over ``len(names)`` rounds
+    every caller goes first once and writes every output once."""
+    count = len(names)
+    return [(names[(t + r) % count], ((t + r) % count + r) % count) for t in range(count)]
+
+
+def _device_times(callers: dict, outs: list, flush, reps: int) -> dict[str, float]:
     import torch
 
-    events = {fn: [] for fn in (ours, theirs)}
-    for _ in range(3):  # warm-up
-        ours(), theirs()
+    names = list(callers)
+    events: dict[str, list] = {name: [] for name in names}
+    for r in range(3):  # warm-up
+        for name, j in rotation(names, r):
+            callers[name](outs[j])
     for r in range(reps):
-        order = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-        for fn in order:
+        for name, j in rotation(names, r):
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            callers[name](outs[j])
             end.record()
-            events[fn].append((start, end))
+            events[name].append((start, end))
     torch.cuda.synchronize()
-    med = [statistics.median(1000.0 * s.elapsed_time(e) for s, e in events[fn]) for fn in (ours, theirs)]
-    return med[0], med[1]
+    return {name: statistics.median(1000.0 * s.elapsed_time(e) for s, e in events[name]) for name in names}
 
 
-def _wall_times(ours, theirs, calls: int, rounds: int) -> tuple[float, float, float, float]:
+def _wall_times(callers: dict, outs: list, calls: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Per caller: the median over ``rounds`` of wall µs per call of ``calls`` back-to-back
+    calls (then a synchronize), and of host µs per call spent inside the calls."""
     import torch
 
-    wall = {ours: [], theirs: []}
-    enqueue = {ours: [], theirs: []}
+    names = list(callers)
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    enqueue: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for fn in ((ours, theirs) if r % 2 == 0 else (theirs, ours)):
+        for name, j in rotation(names, r):
+            fn, out = callers[name], outs[j]
             torch.cuda.synchronize()
             inside = 0.0
             t0 = time.perf_counter()
             for _ in range(calls):
                 c0 = time.perf_counter()
-                fn()
+                fn(out)
                 inside += time.perf_counter() - c0
             torch.cuda.synchronize()
-            wall[fn].append(1e6 * (time.perf_counter() - t0) / calls)
-            enqueue[fn].append(1e6 * inside / calls)
-    return (statistics.median(wall[ours]), statistics.median(wall[theirs]),
-            statistics.median(enqueue[ours]), statistics.median(enqueue[theirs]))
+            wall[name].append(1e6 * (time.perf_counter() - t0) / calls)
+            enqueue[name].append(1e6 * inside / calls)
+    return ({name: statistics.median(wall[name]) for name in names},
+            {name: statistics.median(enqueue[name]) for name in names})
 
 
 def format_table(results: dict) -> str:
-    head = f"{'shape':>20}  {'served by':<34} {'dev us':>9} {'torch':>9} {'ratio':>6}  {'wall us':>9} {'torch':>9} {'ratio':>6}  {'enq us':>6} {'torch':>6}"
+    head = f"{'shape':>20}  {'served by':<34} {'dev us':>9} {'torch':>9} {'ratio':>6}  {'wall us':>9} {'torch':>9} {'ratio':>6}  {'enq us':>6} {'torch':>6}  {'ctl dev':>7} {'ctl wall':>8}"
     lines = [head]
     for r in results["rows"]:
         lines.append(
             f"{r['m']}x{r['n']}x{r['k']}".rjust(20) + f"  {r['served_by'][:34]:<34} {r['device_us']:9.2f} {r['torch_device_us']:9.2f} {r['device_ratio']:6.3f}"
             f"  {r['wall_us']:9.2f} {r['torch_wall_us']:9.2f} {r['wall_ratio']:6.3f}  {r['enqueue_us']:6.2f} {r['torch_enqueue_us']:6.2f}"
+            f"  {r['control_device_ratio']:7.3f} {r['control_wall_ratio']:8.3f}"
             + ("" if r["ok"] else "  <-- slower")
         )
     passed = sum(r["ok"] for r in results["rows"])
     lines.append(f"{passed} of {len(results['rows'])} shapes no slower than torch.matmul beyond {100 * results['tolerance']:.0f}% (device and wall time per call)")
+    lines.append("ctl: torch.matmul timed against itself the same way, the noise of these ratios")
     return "\n".join(lines)
 
 

@@ -225,6 +225,7 @@ def test_module_matmul_caches_a_dispatcher_per_db(db, monkeypatch):
 def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
     monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
     monkeypatch.setattr(dispatch, "_dispatchers", {})
+    monkeypatch.setattr(dispatch, "_default_entry", None)
     fake = FakeLauncher()
     monkeypatch.setattr(dispatch, "TorchLauncher", lambda: fake)
     monkeypatch.setattr(dispatch, "_torch_matmul", lambda: numpy_matmul)
@@ -232,6 +233,21 @@ def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
     a, b = arrays(64, 256, 512)
     assert np.array_equal(dispatch.matmul(a, b), numpy_matmul(a, b))
     assert dispatch._dispatchers == {None: d} and len(fake.launches) == 1
+    assert dispatch._default_entry == d  # a winner: calls go through the dispatcher
+
+
+def test_an_idle_default_dispatcher_hands_l2gen_matmul_the_fallback_itself(tmp_path, monkeypatch):
+    slow = KernelDB(tmp_path / "slow.db")
+    slow.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=12.0, baseline_us=10.0), H200)
+    slow.close()
+    monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "_dispatchers", {})
+    monkeypatch.setattr(dispatch, "_default_entry", None)
+    monkeypatch.setattr(dispatch, "_torch_matmul", lambda: numpy_matmul)
+    d = dispatch.use_db(tmp_path / "slow.db")
+    assert d._idle and dispatch._default_entry is numpy_matmul
+    a, b = arrays(64, 256, 512)
+    assert np.array_equal(dispatch.matmul(a, b), numpy_matmul(a, b))
 
 
 def test_a_database_with_no_winner_sends_every_call_straight_to_the_fallback(tmp_path):
