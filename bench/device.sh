@@ -20,6 +20,7 @@
 #                  name is copied there first, so a cut-short tune resumes)
 #   shipdb         merge the tuned databases (and the databases in $SHIP_FROM, the bench
 #                  results files in $SHIP_BENCH) into $RESULTS/kernels_h200.db
+#   dbtop          bench each shape's TOP (3) best programs of $TOP_DB afresh
 #   dbbench        bench each shape's best program of $DB (default the shipped one) in a
 #                  fresh process; compare it with the database's records
 #   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
@@ -80,7 +81,7 @@ for step in "$@"; do
     bench|bench2)
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} \
-        --suite "$SUITE" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-1}" -o "$RESULTS/$step.json" \
+        --suite "$SUITE" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" -o "$RESULTS/$step.json" \
         2> "$RESULTS/$step.log" > "$RESULTS/$step.txt" || status=1
       tail -28 "$RESULTS/$step.txt"
       ;;
@@ -124,8 +125,16 @@ for step in "$@"; do
       done
       $L2GEN db show --db "$RESULTS/kernels_h200.db" || status=1
       ;;
+    dbtop)
+      # each shape's TOP best programs of $TOP_DB (default the shipped database), measured
+      # afresh: bench rows that shipdb can import (SHIP_BENCH) to rebuild a database
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "${TOP_DB:-l2gen/data/kernels_h200.db}" --top "${TOP:-3}" \
+        --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" -o "$RESULTS/dbtop.json" \
+        2> "$RESULTS/dbtop.log" > "$RESULTS/dbtop.txt" || status=1
+      tail -28 "$RESULTS/dbtop.txt"
+      ;;
     dbbench)
-      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "$DB" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-1}" -o "$RESULTS/dbbench.json" \
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "$DB" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" -o "$RESULTS/dbbench.json" \
         2> "$RESULTS/dbbench.log" > "$RESULTS/dbbench.txt" || status=1
       tail -28 "$RESULTS/dbbench.txt"
       $L2GEN compare --db "$DB" "$RESULTS/dbbench.json" --all -o "$RESULTS/dbcompare.json" || status=1

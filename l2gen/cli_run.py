@@ -124,19 +124,30 @@ def cmd_bench(args) -> int:
 
 
 def _db_programs(args) -> tuple[list, dict]:
-    """The best program of every shape in a database, one per distinct program (named
-    after the first shape it is best for, ``<name>_<M>x<N>x<K>``), and for each shape the
-    name of its best."""
+    """The best program (``--top N``: the N best) of every shape in a database, one per
+    distinct program (named after the first shape it ranks on, ``<name>_<M>x<N>x<K>``),
+    and for each shape the names of its programs."""
     from dataclasses import replace
 
-    best = recorded_best(args)
+    from .db import DatabaseError, KernelDB
+
+    if args.top > 1:
+        try:
+            with KernelDB(args.db, readonly=True) as db:
+                db.check_gpu(args.gpu)
+                ranked = db.ranked(args.gpu, args.top)
+        except DatabaseError as exc:
+            raise fail("E-DB", str(exc)) from None
+    else:
+        ranked = {shape: [best] for shape, best in recorded_best(args).items()}
     named: dict = {}  # program (knobs included, name aside) -> its bench name
     own: dict = {}
-    for shape, (program, _speedup, _time_us) in sorted(best.items()):
-        key = replace(program, name="k")
-        if key not in named:
-            named[key] = replace(program, name=f"{program.name}_{shape.m}x{shape.n}x{shape.k}")
-        own[shape] = {named[key].name}
+    for shape, programs in sorted(ranked.items()):
+        for program, _speedup, _time_us in programs:
+            key = replace(program, name="k")
+            if key not in named:
+                named[key] = replace(program, name=f"{program.name}_{shape.m}x{shape.n}x{shape.k}")
+            own.setdefault(shape, set()).add(named[key].name)
     return list(named.values()), own
 
 
@@ -204,10 +215,12 @@ def add_commands(sub) -> None:
     p.add_argument("--db", help="also bench the best program of each shape in this kernel database, on that shape "
                    "(and, without --shape/--suite, on the database's shapes only)")
     p.add_argument("--db-all", action="store_true", help="run every --db program on every shape")
+    p.add_argument("--top", type=int, default=1, metavar="N",
+                   help="with --db: each shape's N best programs (each judged by its least favourable run)")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
     p.add_argument("--reps", type=int, default=50, help="timed runs per median and round (at least 30)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int, default=4,
                    help="timing rounds per shape, each on freshly allocated buffers; the median pools them")
     p.add_argument("--seeds", type=int, default=3, help="input sets verified per program")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs")

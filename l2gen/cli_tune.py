@@ -53,7 +53,7 @@ def _evaluator(args):
     except ShimError as exc:
         raise fail("E-BASELINE", f"cannot build the cuBLAS baseline shim: {exc}") from None
     progress = (lambda d, t, r: eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
-    return DeviceEvaluator(args.gpu, worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps), jobs=args.jobs, progress=progress, bundle=args.bundle)
+    return DeviceEvaluator(args.gpu, worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps, rounds=args.rounds), jobs=args.jobs, progress=progress, bundle=args.bundle)
 
 
 def cmd_tune(args, shapes_of) -> int:
@@ -156,7 +156,8 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--db", default="l2gen-kernels.db", help="kernel database (SQLite); resumes from it")
     p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--reps", type=int, default=50, help="timed runs per median and round")
+    p.add_argument("--rounds", type=int, default=4, help="timing rounds, each on fresh buffers (as l2gen bench)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("--bundle", type=int, default=1, help="programs per nvcc run when a batch builds several (saves header parsing)")
     p.add_argument("--curves", help="write best-so-far curves (JSON) here")

@@ -40,7 +40,7 @@ FORMAT = "l2gen-kernel-db"
 # The best program of each (GPU, arch, shape). A program measured more than once on a shape
 # is judged by its least favourable verified measurement (a lucky run does not make it the
 # best), and one that ever computed a wrong result there is never the best.
-_BEST = """
+_JUDGED = """
 WITH ok AS (
     SELECT * FROM measurements WHERE status = 'ok' AND time_us > 0 AND baseline_us > 0
 ), judged AS (
@@ -60,6 +60,8 @@ WITH ok AS (
           AND w.status = 'wrong'
     )
 )
+"""
+_BEST = _JUDGED + """
 SELECT * FROM judged AS j
 WHERE j.id = (
     SELECT z.id FROM judged AS z
@@ -311,6 +313,22 @@ class KernelDB:
             meas = self._measurement(shape, text, "ok", time_us, None, None, None)
             if meas is not None and (b_layout is None or meas.program.b_layout is b_layout):
                 out[shape] = (meas.program, float(speedup), float(time_us))
+        return out
+
+    def ranked(self, gpu: Gpu | str, per_shape: int, *, b_layout: BLayout | None = None) -> dict[Shape, list[tuple[Program, float, float]]]:
+        """Up to ``per_shape`` programs of every shape, best first, each judged as
+        :meth:`best` judges them: (program, speedup, time_us) of its least favourable run."""
+        out: dict[Shape, list[tuple[Program, float, float]]] = {}
+        rows = self._query(f"{_JUDGED} SELECT m, n, k, program_text, speedup, time_us FROM judged WHERE gpu = ? "
+                           "ORDER BY m, n, k, speedup DESC, id ASC", (_gpu_name(gpu),))
+        for m, n, k, text, speedup, time_us in rows:
+            shape = Shape(m, n, k)
+            here = out.setdefault(shape, [])
+            if len(here) >= per_shape:
+                continue
+            meas = self._measurement(shape, text, "ok", time_us, None, None, None)
+            if meas is not None and (b_layout is None or meas.program.b_layout is b_layout):
+                here.append((meas.program, float(speedup), float(time_us)))
         return out
 
     def count(self, gpu: Gpu | str | None = None) -> int:

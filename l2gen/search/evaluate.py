@@ -210,7 +210,7 @@ def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
 _WORKER_STATUS = {"ok": "ok", "wrong": "wrong", "timeout": "timeout", "run_error": "run_error", "escaped": "run_error", "unavailable": "run_error"}
 
 
-def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, gpu: Gpu | None = None) -> RunCandidates:
+def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = 4, gpu: Gpu | None = None) -> RunCandidates:
     """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.worker.measure`;
     safe to call from several threads (calls take turns on the worker).
 
@@ -237,6 +237,7 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
             shape_reps = reps_for(shape, gpu, reps)  # the same runs per median as l2gen bench takes
         task = {
             "kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k, "b_layout": b_layout, "baselines": wanted, "shim": shim, "reps": shape_reps,
+            "rounds": rounds,
             "candidates": [
                 {"name": f"c{i}", "library": str(library), "entry": entry, "program_text": format_program(build_program(program)), "knobs": knobs_to_dict(knobs)}
                 for i, (library, entry, program, knobs) in enumerate(candidates)

@@ -133,6 +133,19 @@ def test_good_kernel_is_ok_and_timed(libs, worker):
     assert r["event_vs_wall"]["batch"] >= 10
 
 
+def test_rounds_time_on_fresh_buffers_and_pool(libs, worker):
+    """Three rounds: each round's median is reported, the pooled median lies among them,
+    and a side-stream kernel is still caught (the escape check runs in the last round)."""
+    from l2gen.worker import measure
+
+    r = measure(worker, task(libs, "good", "side_stream", m=1024, n=1024, k=1024, rounds=3))
+    good, side = r["candidates"]
+    assert good["status"] == "ok" and good["reps"] == 3 * 30
+    assert len(good["round_us"]) == 3
+    assert min(good["round_us"]) <= good["time_us"] <= max(good["round_us"])
+    assert side["status"] == "escaped"
+
+
 def test_a_skipping_k_is_wrong(libs, worker):
     from l2gen.worker import measure
 

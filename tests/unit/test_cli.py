@@ -195,6 +195,11 @@ def test_bench_db_runs_each_best_on_its_own_shape(tmp_path, monkeypatch, capsys)
     assert seen["shapes"] == [Shape(64, 64, 64), Shape(128, 64, 64), Shape(256, 64, 64)]
     assert seen["only"] == {Shape(64, 64, 64): {"sm80_64x64x32_64x64x64"}, Shape(128, 64, 64): {"sm80_64x64x32_64x64x64"},
                             Shape(256, 64, 64): {"sm80_128x64x32_256x64x64"}}
+    # --top 2: the runner-up of 64x64x64 runs there too, under the name it first ranked with
+    assert main(["bench", "--db", str(tmp_path / "k.db"), "--top", "2", "-o", str(tmp_path / "r.json"), "--no-plot"]) == 0
+    assert seen["names"] == ["sm80_64x64x32_64x64x64", "sm80_128x64x32_64x64x64"]
+    assert seen["only"] == {Shape(64, 64, 64): {"sm80_64x64x32_64x64x64", "sm80_128x64x32_64x64x64"},
+                            Shape(128, 64, 64): {"sm80_64x64x32_64x64x64"}, Shape(256, 64, 64): {"sm80_128x64x32_64x64x64"}}
 
 
 def test_embedded_tune_starts_from_the_shipped_policy_unless_told(tmp_path, capsys):
