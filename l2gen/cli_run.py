@@ -141,12 +141,19 @@ def _db_programs(args) -> tuple[list, dict]:
     else:
         ranked = {shape: [best] for shape, best in recorded_best(args).items()}
     named: dict = {}  # program (knobs included, name aside) -> its bench name
+    taken: set = set()
     own: dict = {}
     for shape, programs in sorted(ranked.items()):
         for program, _speedup, _time_us in programs:
             key = replace(program, name="k")
             if key not in named:
-                named[key] = replace(program, name=f"{program.name}_{shape.m}x{shape.n}x{shape.k}")
+                # two programs of one name (knob variants) ranking on one shape: number them
+                name, i = f"{program.name}_{shape.m}x{shape.n}x{shape.k}", 1
+                while name in taken:
+                    i += 1
+                    name = f"{program.name}_{shape.m}x{shape.n}x{shape.k}_{i}"
+                taken.add(name)
+                named[key] = replace(program, name=name)
             own.setdefault(shape, set()).add(named[key].name)
     return list(named.values()), own
 

@@ -200,6 +200,14 @@ def test_bench_db_runs_each_best_on_its_own_shape(tmp_path, monkeypatch, capsys)
     assert seen["names"] == ["sm80_64x64x32_64x64x64", "sm80_128x64x32_64x64x64"]
     assert seen["only"] == {Shape(64, 64, 64): {"sm80_64x64x32_64x64x64", "sm80_128x64x32_64x64x64"},
                             Shape(128, 64, 64): {"sm80_64x64x32_64x64x64"}, Shape(256, 64, 64): {"sm80_128x64x32_64x64x64"}}
+    # two knob variants of one name ranking on one shape get distinct names
+    from dataclasses import replace
+
+    from l2gen.ir import Knobs, Raster
+
+    db.add(Measurement(Shape(64, 64, 64), replace(fast, knobs=Knobs(raster=Raster.ALONG_M)), "ok", time_us=5.5, baseline_us=10.0), GPUS["h200"])
+    assert main(["bench", "--db", str(tmp_path / "k.db"), "--top", "3", "-o", str(tmp_path / "r.json"), "--no-plot"]) == 0
+    assert seen["names"][:2] == ["sm80_64x64x32_64x64x64", "sm80_64x64x32_64x64x64_2"]
 
 
 def test_embedded_tune_starts_from_the_shipped_policy_unless_told(tmp_path, capsys):

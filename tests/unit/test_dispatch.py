@@ -233,7 +233,7 @@ def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
     a, b = arrays(64, 256, 512)
     assert np.array_equal(dispatch.matmul(a, b), numpy_matmul(a, b))
     assert dispatch._dispatchers == {None: d} and len(fake.launches) == 1
-    assert dispatch._default_entry == d  # a winner: calls go through the dispatcher
+    assert dispatch._default_entry == d.call  # a winner: calls go through the dispatcher
 
 
 def test_an_idle_default_dispatcher_hands_l2gen_matmul_the_fallback_itself(tmp_path, monkeypatch):
