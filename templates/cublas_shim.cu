@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #define L2GEN_SHIM_NOT_INITIALIZED (-1000001)
@@ -46,6 +47,7 @@ struct LtPlan {
   std::vector<cublasLtMatmulHeuristicResult_t> algos;            // heuristic order
   int tuned = -1;  // index into algos after l2gen_cublaslt_autotune, else -1
   float tuned_us = 0.f;
+  std::vector<int> ranked;  // after the auto-tune: indices into algos, fastest first
 };
 
 struct State {
@@ -180,8 +182,8 @@ int l2gen_cublas_gemm(int variant, const void* A, const void* B, void* C, int M,
   return 0;
 }
 
-// cuBLASLt, row-major C. tuned 0: the heuristic's first algorithm; tuned 1: the one
-// l2gen_cublaslt_autotune() chose for this shape.
+// cuBLASLt, row-major C. tuned 0: the heuristic's first algorithm; tuned r >= 1: the
+// r-th fastest of l2gen_cublaslt_autotune()'s ranking for this shape (1: its choice).
 int l2gen_cublaslt_gemm(int tuned, const void* A, const void* B, void* C, int M, int N, int K,
                         int nk, cudaStream_t stream) {
   State& s = state();
@@ -190,8 +192,9 @@ int l2gen_cublaslt_gemm(int tuned, const void* A, const void* B, void* C, int M,
   LtPlan* p = nullptr;
   int rc = make_plan(s, M, N, K, nk, &p);
   if (rc) return rc;
-  if (tuned && p->tuned < 0) return L2GEN_SHIM_NOT_TUNED;
-  return lt_run(s, *p, tuned ? p->tuned : 0, A, B, C, stream);
+  if (tuned < 0) return L2GEN_SHIM_BAD_ARGUMENT;
+  if (tuned && (p->tuned < 0 || tuned > static_cast<int>(p->ranked.size()))) return L2GEN_SHIM_NOT_TUNED;
+  return lt_run(s, *p, tuned ? p->ranked[tuned - 1] : 0, A, B, C, stream);
 }
 
 // Time up to 16 heuristic candidates and keep the fastest for this shape. The candidates
@@ -262,17 +265,18 @@ int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N,
     cudaError_t e = cudaGetLastError();
     return e != cudaSuccess ? -static_cast<int>(e) : L2GEN_SHIM_NO_ALGORITHM;
   }
-  int best = -1;
-  float best_time = 0.f;
+  std::vector<std::pair<float, int>> medians;  // (median us, index into algos)
   for (size_t j = 0; j < n; ++j) {
     std::vector<float>& ts = times[j];
     std::nth_element(ts.begin(), ts.begin() + ts.size() / 2, ts.end());
-    const float med = ts[ts.size() / 2];
-    if (best < 0 || med < best_time) {
-      best = live[j];
-      best_time = med;
-    }
+    medians.emplace_back(ts[ts.size() / 2], live[j]);
   }
+  std::stable_sort(medians.begin(), medians.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  p->ranked.clear();
+  for (const auto& m : medians) p->ranked.push_back(m.second);
+  const int best = medians.front().second;
+  const float best_time = medians.front().first;
   p->tuned = best;
   p->tuned_us = best_time;
   *tried = static_cast<int>(n);

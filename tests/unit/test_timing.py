@@ -196,3 +196,20 @@ def test_rounds_pool_their_runs_and_keep_the_last_rounds_batch():
     assert pooled.median_us == pytest.approx(6.5)
     assert (pooled.wall_us, pooled.batch, pooled.batch_event_us) == (12.0, 8, 11.5)
     assert _pool([]) == {}
+
+
+def test_the_autotuned_baseline_is_the_fastest_finalist_of_the_pooled_timing():
+    from l2gen.measure import _finalists
+
+    key = "baseline/cublaslt_autotuned"
+    ok = lambda t: {"name": "x", "status": "ok", "time_us": t, "relerr": 2e-4}  # noqa: E731
+    results = {key: ok(10.0), key + "#2": ok(9.5), key + "#3": {"name": "x", "status": "wrong", "time_us": None},
+               "baseline/cublas": ok(11.0)}
+    _finalists(results, key)
+    assert set(results) == {key, "baseline/cublas"}
+    assert results[key]["time_us"] == 9.5 and results[key]["rank"] == 2
+    assert results[key]["name"] == "cublaslt_autotuned"
+    assert results[key]["finalists_us"] == {"1": 10.0, "2": 9.5, "3": None}
+    alone = {key: ok(10.0)}
+    _finalists(alone, key)  # no runners-up: untouched
+    assert alone == {key: ok(10.0)}
