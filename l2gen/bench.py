@@ -48,6 +48,7 @@ from .printer import format_program
 from .search.base import Shape
 from .search.evaluate import build_program
 from .targets import Gpu
+from .timing import DEFAULT_ROUNDS
 from .toolchain import found_nvcc_version
 from .worker import Worker, knobs_to_dict, measure
 
@@ -61,8 +62,6 @@ def stderr_progress(line: str) -> None:
 # ---- the run --------------------------------------------------------------------------
 
 
-DEFAULT_ROUNDS = 4  # timing rounds on fresh buffers: with one, a few-µs kernel's ratio moved
-# 3-5% between two runs on the H200 (where its buffers landed); with 4, 144 of 144 held to 3%
 SHORT_KERNEL_US = 5.0  # shapes whose floor is below this get SHORT_REPS_FACTOR times the reps
 SHORT_REPS_FACTOR = 4
 

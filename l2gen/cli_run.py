@@ -9,6 +9,7 @@ from pathlib import Path
 from .cli import EXIT_FAIL, EXIT_OK, eprint, fail, recorded_best
 from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Span
+from .timing import DEFAULT_ROUNDS
 
 
 def load_suite(path: str) -> list:
@@ -227,7 +228,7 @@ def add_commands(sub) -> None:
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
     p.add_argument("--reps", type=int, default=50, help="timed runs per median and round (at least 30)")
-    p.add_argument("--rounds", type=int, default=4,
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help="timing rounds per shape, each on freshly allocated buffers; the median pools them")
     p.add_argument("--seeds", type=int, default=3, help="input sets verified per program")
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs")

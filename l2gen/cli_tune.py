@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from .cli import EXIT_FAIL, EXIT_OK, eprint, fail
+from .timing import DEFAULT_ROUNDS
 
 
 def _policy(args):
@@ -157,7 +158,7 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=50, help="timed runs per median and round")
-    p.add_argument("--rounds", type=int, default=4, help="timing rounds, each on fresh buffers (as l2gen bench)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="timing rounds, each on fresh buffers (as l2gen bench)")
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("--bundle", type=int, default=1, help="programs per nvcc run when a batch builds several (saves header parsing)")
     p.add_argument("--curves", help="write best-so-far curves (JSON) here")

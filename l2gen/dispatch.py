@@ -403,6 +403,13 @@ def _set_default(d: Dispatcher) -> None:
     _default_entry = d.entry
 
 
+def _new_dispatcher(db) -> Dispatcher:
+    """A dispatcher for this process's GPU over ``db`` (None: ``$L2GEN_DB`` or the shipped one)."""
+    gpu = detect_gpu()
+    source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
+    return Dispatcher(source, gpu)
+
+
 def _dispatcher_for(db) -> Dispatcher:
     key = db if db is None or isinstance(db, (str, Path)) else id(db)
     d = _dispatchers.get(key)
@@ -410,9 +417,7 @@ def _dispatcher_for(db) -> Dispatcher:
         with _dispatchers_lock:
             d = _dispatchers.get(key)
             if d is None:
-                gpu = detect_gpu()
-                source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
-                d = Dispatcher(source, gpu)
+                d = _new_dispatcher(db)
                 if key is None:
                     _set_default(d)
                 else:
@@ -423,9 +428,7 @@ def _dispatcher_for(db) -> Dispatcher:
 def use_db(db: KernelDB | str | Path | None) -> Dispatcher:
     """Make ``l2gen.matmul``'s default dispatcher (the one used without ``db=``) serve from
     ``db`` (None: ``$L2GEN_DB`` or the shipped database again); returns that dispatcher."""
-    gpu = detect_gpu()
-    source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
-    d = Dispatcher(source, gpu)
+    d = _new_dispatcher(db)
     with _dispatchers_lock:
         _set_default(d)
     return d

@@ -8,6 +8,7 @@ round-robin with L2 flushes and the escape check (:mod:`l2gen.timing`).
 
 from __future__ import annotations
 
+import functools
 import os
 
 from .timing import ESCAPE_RATIO
@@ -116,9 +117,9 @@ def _measure(task: dict, note: Note) -> dict:
                 note({"phase": "verify", "baseline": name})
                 transposed = bl.c_transposed(name)
 
-                def bind(a, b, c, name=name, transposed=transposed):
+                def bind(a, b, c, name=name, transposed=transposed, rank=1):
                     c_view = c.buffer.array((n, m)) if transposed else c
-                    return bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=s.flush)
+                    return bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=s.flush, rank=rank)
 
                 try:
                     run = bind(a, b, c)
@@ -133,11 +134,7 @@ def _measure(task: dict, note: Note) -> dict:
                     binders[key] = bind
                 if name == AUTOTUNED:  # the tuner's runners-up are timed too (see _finalists)
                     for rank in range(2, bl.finalists(m, n, k, layout) + 1):
-                        rkey = f"{key}{RANK}{rank}"
-
-                        def bind_rank(a, b, c, rank=rank):
-                            return bl.runner(AUTOTUNED, a, b, c, m, n, k, layout, stream=h, rank=rank)
-
+                        rkey, bind_rank = f"{key}{RANK}{rank}", functools.partial(bind, rank=rank)
                         check(rkey, name, lambda *_, run=bind_rank(a, b, c): run(h), c, False)
                         if rkey in relerrs:
                             binders[rkey] = bind_rank

@@ -30,6 +30,7 @@ from ..ir import (
 from ..printer import format_program
 from ..space import default_name
 from ..targets import Gpu
+from ..timing import DEFAULT_ROUNDS
 from .base import Measurement, Proposal, Shape
 
 STATUSES = ("ok", "rejected", "build_error", "run_error", "wrong", "timeout")
@@ -210,7 +211,7 @@ def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
 _WORKER_STATUS = {"ok": "ok", "wrong": "wrong", "timeout": "timeout", "run_error": "run_error", "escaped": "run_error", "unavailable": "run_error"}
 
 
-def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = 4, gpu: Gpu | None = None) -> RunCandidates:
+def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = DEFAULT_ROUNDS, gpu: Gpu | None = None) -> RunCandidates:
     """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.worker.measure`;
     safe to call from several threads (calls take turns on the worker).
 
