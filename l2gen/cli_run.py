@@ -148,11 +148,15 @@ def _db_programs(args) -> tuple[list, dict]:
         for program, _speedup, _time_us in programs:
             key = replace(program, name="k")
             if key not in named:
+                # a name benched this way before already ends in its shape: keep it, so that
+                # re-benching a rebuilt database does not grow the names
+                tag = f"{shape.m}x{shape.n}x{shape.k}"
+                base = program.name if program.name.endswith(f"_{tag}") else f"{program.name}_{tag}"
                 # two programs of one name (knob variants) ranking on one shape: number them
-                name, i = f"{program.name}_{shape.m}x{shape.n}x{shape.k}", 1
+                name, i = base, 1
                 while name in taken:
                     i += 1
-                    name = f"{program.name}_{shape.m}x{shape.n}x{shape.k}_{i}"
+                    name = f"{base}_{i}"
                 taken.add(name)
                 named[key] = replace(program, name=name)
             own.setdefault(shape, set()).add(named[key].name)

@@ -208,6 +208,11 @@ def test_bench_db_runs_each_best_on_its_own_shape(tmp_path, monkeypatch, capsys)
     db.add(Measurement(Shape(64, 64, 64), replace(fast, knobs=Knobs(raster=Raster.ALONG_M)), "ok", time_us=5.5, baseline_us=10.0), GPUS["h200"])
     assert main(["bench", "--db", str(tmp_path / "k.db"), "--top", "3", "-o", str(tmp_path / "r.json"), "--no-plot"]) == 0
     assert seen["names"][:2] == ["sm80_64x64x32_64x64x64", "sm80_64x64x32_64x64x64_2"]
+    # a database rebuilt from such a bench keeps those names: benched again, they do not grow
+    db.add(Measurement(Shape(512, 64, 64), replace(slow, name="sm80_128x64x32_512x64x64", knobs=Knobs(raster=Raster.ALONG_M)), "ok", time_us=5.0, baseline_us=10.0),
+           GPUS["h200"])
+    assert main(["bench", "--db", str(tmp_path / "k.db"), "-o", str(tmp_path / "r.json"), "--no-plot"]) == 0
+    assert "sm80_128x64x32_512x64x64" in seen["names"]
 
 
 def test_embedded_tune_starts_from_the_shipped_policy_unless_told(tmp_path, capsys):
