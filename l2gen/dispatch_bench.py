@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .bench import git_commit
 from .search.base import Shape
 
 FLUSH_BYTES = 256 << 20
@@ -104,7 +105,7 @@ def bench_dispatch(
             + ("" if row["ok"] else "  <-- slower"))
     return {
         "gpu": gpu.name, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(),
         "db": str(getattr(db, "path", db)), "reps": reps, "rounds": rounds, "tolerance": tolerance,
         "rows": rows, "ok": all(r["ok"] for r in rows),
     }
