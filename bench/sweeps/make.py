@@ -1,0 +1,86 @@
+"""Write a sweep: sm90a programs x run-time knob variants, for one group of suite shapes.
+
+Each compile-time configuration is one library; its knob variants share it (run-time
+knobs need no rebuild), so a sweep costs one build per configuration however many
+variants it times.
+
+- ``skinny``: problems with few rows (decode, M <= 256), a short K, or a narrow N are
+  memory- or launch-bound and their output tiles fill only part of the 132 SMs. The
+  stream-K scheduler (cooperative mainloop only, so BM = 128 or 256) splits K to fill them.
+- ``large``: compute-bound problems (M, N >= 512, K >= 1024). Tile shape, cluster shape
+  and mainloop schedule at compile time; rasterization order and swizzle at run time.
+
+    python bench/sweeps/make.py skinny /tmp/skinny   # shapes: bench/sweeps/skinny-shapes.json
+    python bench/sweeps/make.py large /tmp/large     # shapes: bench/sweeps/large-shapes.json
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+# sweep -> (compile-time configurations (BM, BN, BK, cluster, mainloop, scheduler),
+#           run-time variants (raster, swizzle, decomposition, splits))
+SWEEPS = {
+    "skinny": (
+        [(128, 64, 64, (1, 1), "cooperative", "stream_k"),
+         (128, 128, 64, (1, 1), "cooperative", "stream_k"),
+         (128, 256, 64, (1, 1), "cooperative", "stream_k"),
+         (128, 128, 128, (1, 1), "cooperative", "stream_k"),
+         (128, 128, 64, (1, 2), "cooperative", "stream_k"),
+         (256, 128, 64, (1, 1), "cooperative", "stream_k")],
+        [("heuristic", 0, d, s) for d, s in
+         [("heuristic", 1), ("data_parallel", 1), ("stream_k", 1), ("split_k", 2), ("split_k", 4), ("split_k", 8)]],
+    ),
+    "large": (
+        [(128, 256, 64, (2, 1), "cooperative", "persistent"),
+         (128, 256, 64, (1, 2), "cooperative", "persistent"),
+         (256, 128, 64, (1, 2), "cooperative", "persistent"),
+         (256, 128, 64, (2, 1), "cooperative", "persistent"),
+         (128, 192, 64, (2, 1), "cooperative", "persistent"),
+         (128, 128, 64, (1, 2), "pingpong", "persistent"),
+         (128, 128, 64, (2, 1), "pingpong", "persistent")],
+        [(r, s, "heuristic", 1) for r, s in itertools.product(("heuristic", "along_m", "along_n"), (0, 1, 3))],
+    ),
+}
+
+
+def program(config: tuple, knobs: tuple) -> tuple[str, str]:
+    bm, bn, bk, (cm, cn), mainloop, scheduler = config
+    raster, swizzle, decomposition, splits = knobs
+    name = f"{mainloop[:4]}_{bm}x{bn}x{bk}_c{cm}{cn}1_{raster}{swizzle}"
+    if scheduler == "stream_k":
+        name = f"skinny_{bm}x{bn}x{bk}_c{cm}{cn}1_{decomposition}{splits}"
+    return name, f"""kernel {name} {{
+    arch          sm90a
+    b             kn
+    tile          {bm} x {bn} x {bk}
+    cluster       {cm} x {cn} x 1
+    mainloop      {mainloop}
+    epilogue      tma
+    stages        auto
+    scheduler     {scheduler}
+    raster        {raster}
+    swizzle       {swizzle}
+    splits        {splits}
+    decomposition {decomposition}
+}}
+"""
+
+
+def main(sweep: str, out: str) -> None:
+    if sweep not in SWEEPS:
+        raise SystemExit(f"unknown sweep '{sweep}': one of {', '.join(SWEEPS)}")
+    configs, variants = SWEEPS[sweep]
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for config, knobs in itertools.product(configs, variants):
+        name, text = program(config, knobs)
+        (folder / f"{name}.l2").write_text(text)
+    print(f"{len(configs) * len(variants)} programs ({len(configs)} libraries) in {folder}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    main(sys.argv[1], sys.argv[2])
