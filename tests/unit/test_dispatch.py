@@ -274,3 +274,125 @@ def test_l2gen_matmul_is_the_dispatch_function_itself():
     assert l2gen.matmul is dispatch.matmul  # bound on first use: no wrapper per call
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         l2gen.nope  # noqa: B018
+
+
+# -- the early reject on B's shape -------------------------------------------------------
+
+
+class ShapeCounter:
+    """Wraps an array; counts reads of ``.shape`` (the part of a call the early reject
+    skips for A)."""
+
+    def __init__(self, array):
+        self.array, self.reads = array, 0
+
+    @property
+    def shape(self):
+        self.reads += 1
+        return self.array.shape
+
+
+def test_a_b_shape_that_serves_no_m_is_rejected_without_reading_a(db):
+    fake = FakeLauncher()
+    seen = []
+
+    def fallback(a, b, out=None):
+        seen.append(out)
+        return numpy_matmul(getattr(a, "array", a), b, out=out)
+
+    d = Dispatcher(db, H200, launcher=fake, fallback=fallback)
+    a, b = arrays(64, 128, 128)  # B 128 x 128: only 128^3 was measured, and cuBLAS won
+    assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    assert (128, 128) in d._unserved_kn and d.served_by(64, 128, 128) == "fallback"
+    a = ShapeCounter(arrays(96, 128, 128)[0])  # any M now: A's shape is not read
+    out = np.empty((96, 128), np.float16)
+    assert d(a, b, out=out) is out and np.array_equal(out, numpy_matmul(a.array, b))
+    assert a.reads == 0 and seen[-1] is out
+    assert d(a, b) is not None and a.reads == 0 and seen[-1] is None
+    assert fake.loads == [] and fake.launches == []
+    assert not any(key[1:] == (128, 128) for key in d._shapes)  # no entry per M either
+
+
+def test_a_b_shape_served_for_some_m_is_never_rejected(db):
+    # 64x2048x2048 beats cuBLAS by 2%: served on its exact shape, too little to serve nearby
+    db.add(Measurement(Shape(64, 2048, 2048), program(128, 64), "ok", time_us=9.8, baseline_us=10.0), H200)
+    fake = FakeLauncher()
+    d = make(db, fake)
+    # each B first with an M that is not served, then with one that is (exactly, nearby)
+    for (m_no, m_yes), (k, n), name in [
+        ((4096, 64), (512, 256), program(128, 128).name),
+        ((8, 60), (504, 248), program(128, 128).name),  # 60x248x504 is near 64x256x512
+        ((60, 64), (2048, 2048), program(128, 64).name),
+    ]:
+        assert d.plan(m_no, n, k) is None and d.plan(m_yes, n, k) is not None
+        a, b = arrays(m_no, n, k)
+        assert np.array_equal(d(a, b), numpy_matmul(a, b))
+        assert (k, n) not in d._unserved_kn and d.served_by(m_no, n, k) == "fallback"
+        a, b = arrays(m_yes, n, k)
+        assert np.array_equal(d(a, b), numpy_matmul(a, b))
+        assert d.served_by(m_yes, n, k) == name
+    assert len(fake.launches) == 3
+
+
+@pytest.mark.parametrize("nearby", [True, False])
+def test_the_early_reject_holds_whatever_plan_serves(db, nearby):
+    """plan() serving a shape implies its (K, N) passes, on a grid around what was measured."""
+    db.add(Measurement(Shape(64, 2048, 2048), program(128, 64), "ok", time_us=9.8, baseline_us=10.0), H200)
+    d = make(db, FakeLauncher(), nearby=nearby)
+    sizes = (8, 16, 24, 32, 56, 64, 120, 128, 176, 184, 248, 256, 360, 368, 500, 504, 512, 720, 728,
+             1000, 1024, 1448, 1456, 2048, 2896, 2904, 4096)
+    served = 0
+    for n in sizes:
+        for k in sizes:
+            passes = d._serves_some_m(k, n)
+            for m in (1, 8, 45, 46, 60, 64, 90, 91, 128, 724, 1000, 1024, 1448, 4096):
+                if d.plan(m, n, k) is not None:
+                    served += 1
+                    assert passes, (m, n, k)
+    assert served > (20 if nearby else 2)
+    assert not d._serves_some_m(500, 256) and not d._serves_some_m(512, 250)  # not multiples of 8
+
+
+def test_a_wrong_k_or_other_rank_still_goes_where_it_went(db):
+    d = make(db, FakeLauncher())
+    b = np.zeros((504, 256), np.float16)  # 504 x 256 is served (near 64x256x512)
+    with pytest.raises(ValueError, match="A is 64 x 512 but B is 504 x 256"):
+        d(np.zeros((64, 512), np.float16), b)
+    a, b = arrays(64, 256, 500)  # B 500 x 256 serves no M: rejected from now on
+    d(a, b)
+    assert (500, 256) in d._unserved_kn
+    with pytest.raises(ValueError):  # the fallback's own error now
+        d(np.zeros((64, 512), np.float16), b)
+    # not 2-D: the fallback, B of a served shape or not
+    a, b = arrays(64, 256, 512)
+    a3, b3 = np.stack([a, a]), np.stack([b, b])
+    assert np.array_equal(d(a3, b), numpy_matmul(a3, b))
+    assert np.array_equal(d(a, b3), numpy_matmul(a, b3))
+    assert d.served_by(64, 256, 512) == "unprepared"
+
+
+def test_calls_from_many_threads_agree_with_the_fallback(db):
+    import threading
+
+    fake = FakeLauncher()
+    d = make(db, fake)
+    # served, served B with an M in another bucket, nearby, and three Bs that serve no M
+    shapes = [(64, 256, 512), (32, 256, 512), (60, 248, 504), (64, 128, 128), (16, 8, 8), (64, 256, 500)]
+    cases = [arrays(*s, seed=i) for i, s in enumerate(shapes)]
+    bad = []
+
+    def work():
+        for _ in range(5):
+            for a, b in cases:
+                if not np.array_equal(d(a, b), numpy_matmul(a, b)):
+                    bad.append(a.shape)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+    assert d._unserved_kn == {(128, 128), (8, 8), (500, 256)}
+    assert d.served_by(32, 256, 512) == "fallback" and d.served_by(60, 248, 504) == program(128, 128).name
+    assert len(fake.loads) == 1 and {l[1:4] for l in fake.launches} == {(64, 256, 512), (60, 248, 504)}
