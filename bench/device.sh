@@ -24,6 +24,8 @@
 #   dbbench        bench each shape's best program of $DB (default the shipped one) in a
 #                  fresh process; compare it with the database's records
 #   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
+#                  (results named $DISPATCH_NAME, default dispatch)
+#   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
 #
@@ -140,8 +142,18 @@ for step in "$@"; do
       $L2GEN compare --db "$DB" "$RESULTS/dbbench.json" --all -o "$RESULTS/dbcompare.json" || status=1
       ;;
     dispatch)
-      timeout "${DISPATCH_TIMEOUT:-300}" $L2GEN bench-dispatch --db "$DB" --suite "$SUITE" -o "$RESULTS/dispatch.json" \
-        2> "$RESULTS/dispatch.log" || status=1
+      timeout "${DISPATCH_TIMEOUT:-300}" $L2GEN bench-dispatch --db "$DB" --suite "$SUITE" -o "$RESULTS/${DISPATCH_NAME:-dispatch}.json" \
+        2> "$RESULTS/${DISPATCH_NAME:-dispatch}.log" || status=1
+      ;;
+    overhead)
+      # host time per call on 8 x 8 operands: no database (every call falls back), and a
+      # database whose one winner serves another shape (the unserved path), with and
+      # without out=
+      for flags in "" "--winner" "--winner --no-out"; do
+        echo "-- host_overhead.py --device cuda $flags"
+        # shellcheck disable=SC2086
+        python3 bench/host_overhead.py --device cuda $flags || status=1
+      done 2>&1 | tee "$RESULTS/overhead.txt"
       ;;
     pack)
       python3 bench/pack_libs.py "$DB" "$OUT/libs.tar.xz" || status=1
