@@ -263,6 +263,18 @@ def test_a_database_with_no_winner_sends_every_call_straight_to_the_fallback(tmp
     slow.close()
 
 
+def test_a_tie_with_cublas_is_not_a_winner(tmp_path):
+    tie = KernelDB(tmp_path / "tie.db")
+    tie.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=9.95, baseline_us=10.0), H200)
+    fake = FakeLauncher()
+    d = make(tie, fake)
+    assert d._idle  # 1.005x is inside the noise of a re-measurement: nothing is served
+    a, b = arrays(64, 256, 512)
+    assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    assert d.served_by(64, 256, 512) == "fallback" and not fake.launches
+    tie.close()
+
+
 def test_a_database_with_a_winner_is_not_idle(db):
     assert not make(db, FakeLauncher())._idle
     assert make(None, FakeLauncher())._idle
