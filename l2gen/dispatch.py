@@ -161,8 +161,8 @@ class Dispatcher:
         # alone. Filled as shapes are first called; like ``_shapes`` it holds for the
         # database read here and the ``nearby`` setting of those calls.
         self._unserved_kn: set[tuple[int, int]] = set()
-        # No program faster than cuBLAS-best: every call goes straight to the fallback.
-        self._idle = not any(speedup > min(MIN_SPEEDUP, MIN_SPEEDUP_NEARBY) for _, speedup, _ in self._recorded.values())
+        # Nothing plan() could serve, exactly or nearby: every call goes straight to the fallback.
+        self._idle = not (self._winner_kn or self._nearby_nk)
         # What ``l2gen.matmul`` calls when this is its default dispatcher: the fallback
         # itself when idle (no frame of ours between the caller and torch.matmul), else self.
         self.entry: Callable = self._fallback if self._idle else self.call
@@ -199,7 +199,7 @@ class Dispatcher:
         that is: plan() takes an exact-shape winner (its K and N are in ``_winner_kn``) or
         a nearby candidate from the bucket of (M, N, K), whose N and K parts are in
         ``_nearby_nk``; both only for N and K that :func:`unserved` allows."""
-        if self.db is None or unserved(Shape(1, n, k)):  # M = 1: the rule on N and K alone
+        if unserved(Shape(1, n, k)):  # M = 1: the rule on N and K alone
             return False
         if (k, n) in self._winner_kn:
             return True
