@@ -17,6 +17,7 @@ from .ir import (
     Sm80Config,
     Sm90Config,
     Sm90Epilogue,
+    Sm90L2genConfig,
     SplitK,
 )
 from .targets import Gpu
@@ -41,6 +42,17 @@ SM90_TILE_K = (32, 64, 128)
 SM90_CLUSTER = (1, 2, 4, 8)
 SM90_STAGES = range(2, 9)
 SM90_MAX_ACC_PER_THREAD = 208  # at 224 ptxas serializes wgmma (C7511/C7512) and spills
+
+# l2gen's own sm90a kernel (templates/sm90_l2gen_gemm.cu.j2), in its kernel coordinates:
+# rows along wgmma's M side (64 per consumer warpgroup), columns along its N.
+L2GEN_ROWS = (64, 128)
+L2GEN_COLS = tuple(range(8, 257, 8))
+L2GEN_TILE_K = (64, 128)
+L2GEN_STAGES = range(2, 9)
+L2GEN_MAX_SPLITS = 8  # the portable cluster size: the CTAs of one cluster split one tile
+# wgmma widths CuTe declares without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; the others
+# pull in its extended headers (a slower build, the same kernel)
+WGMMA_BASE_WIDTHS = (8, 16, 32, 64, 96, 128, 192, 256)
 
 
 def sm80_smem_bytes(cfg: Sm80Config) -> int:
@@ -96,6 +108,22 @@ def sm90_stages_and_smem(cfg: Sm90Config, limit: int = 232448) -> tuple[int, int
     return stages, smem
 
 
+def l2gen_operands(program: Program) -> tuple[bool, bool]:
+    """(P is K-major, Q is K-major) of an sm90a l2gen program: A is always K-major, B is
+    K-major when stored N x K; swap_ab makes B the kernel's P operand and A its Q."""
+    b_kmajor = program.b_layout.value == "nk"
+    return (b_kmajor, True) if program.config.swap_ab else (True, b_kmajor)
+
+
+def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
+    """Dynamic shared memory of an sm90a l2gen kernel (the template's kSmemBytes)."""
+    rows, cols = cfg.kernel_tile
+    pipeline = cfg.stages * (rows + cols) * cfg.tile.k * 2
+    staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
+    reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
+    return max(pipeline, reduce + staging) + 16 * cfg.stages + 1024
+
+
 class _Checker:
     def __init__(self, program: Program, gpu: Gpu):
         self.p = program
@@ -117,13 +145,15 @@ class _Checker:
             self.error(
                 "arch",
                 "E-ARCH",
-                f"arch {p.family.value} does not run on {self.gpu.name} (sm_{self.gpu.sm})",
+                f"arch {p.family.arch} does not run on {self.gpu.name} (sm_{self.gpu.sm})",
             )
             return self.out
         if not p.name.isidentifier():
             self.error("name", "E-NAME", f"kernel name '{p.name}' is not an identifier")
         if isinstance(p.config, Sm80Config):
             self.sm80(p.config)
+        elif isinstance(p.config, Sm90L2genConfig):
+            self.sm90_l2gen(p.config)
         else:
             self.sm90(p.config)
         self.knobs()
@@ -138,6 +168,11 @@ class _Checker:
         cfg = self.p.config
         if isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.NONE and k.splits != 1:
             self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'split_k parallel'; this kernel has 'split_k none'")
+        if isinstance(cfg, Sm90L2genConfig):
+            if cfg.split_k is SplitK.NONE and k.splits != 1:
+                self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'split_k cluster'; this kernel has 'split_k none'")
+            elif k.splits > L2GEN_MAX_SPLITS:
+                self.error("splits", "E-SPLITS", f"splits {k.splits}: a cluster holds at most {L2GEN_MAX_SPLITS} CTAs, so 'split_k cluster' splits K at most {L2GEN_MAX_SPLITS} ways")
         if isinstance(cfg, Sm90Config):
             if cfg.scheduler is Scheduler.PERSISTENT and k.splits != 1:
                 self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'scheduler stream_k'; the persistent scheduler does not split K")
@@ -182,6 +217,8 @@ class _Checker:
         acc = t.m * t.n // c.threads
         if acc > SM80_MAX_ACC_PER_THREAD:
             self.error("tile", "E-REGS", f"{acc} fp32 accumulators per thread (tile {t} over {c.threads} threads) exceed the register budget of {SM80_MAX_ACC_PER_THREAD}; add warps or shrink the tile")
+        if c.split_k is SplitK.CLUSTER:
+            self.error("split_k", "E-SPLITK", "'split_k cluster' is the sm90a l2gen kernel's ('impl l2gen'); sm80 takes 'none' or 'parallel'")
         if c.stages not in SM80_STAGES:
             self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {SM80_STAGES.start}..{SM80_STAGES.stop - 1}")
         b, m, s = c.swizzle
@@ -207,6 +244,31 @@ class _Checker:
         if acc <= SM80_MAX_ACC_PER_THREAD and need > cap - SM80_REGISTER_MARGIN:
             where = "min_blocks" if c.min_blocks > 1 else "tile"
             self.error(where, "E-REGS", f"about {need} registers per thread needed (tile {t}, warps {wm} x {wn}); {cap} available at min_blocks {c.min_blocks}, so it would spill")
+
+    def sm90_l2gen(self, c: Sm90L2genConfig) -> None:
+        t = c.tile
+        rows, cols = c.kernel_tile
+        side = "BN" if c.swap_ab else "BM"
+        other = "BM" if c.swap_ab else "BN"
+        swapped = " (swap_ab on: BN runs along wgmma's 64-row side)" if c.swap_ab else ""
+        ok = self.one_of("tile", f"tile {side}", rows, L2GEN_ROWS)
+        if cols not in L2GEN_COLS:
+            self.error("tile", "E-RANGE", f"tile {other} {cols} is not a wgmma width: a multiple of 8 from 8 to 256{swapped}")
+            ok = False
+        ok &= self.one_of("tile", "tile BK", t.k, L2GEN_TILE_K)
+        if not ok:
+            return
+        _, q_kmajor = l2gen_operands(self.p)
+        if not q_kmajor and cols % 64:
+            self.error("tile", "E-ATOM", f"tile {other} {cols}: B stored K x N ('b kn') is N-major, and its tile must span whole 64-column swizzle atoms")
+        if c.split_k is SplitK.PARALLEL:
+            self.error("split_k", "E-SPLITK", "'split_k parallel' is the sm80 family's; the l2gen sm90a kernel takes 'none' or 'cluster'")
+        if c.stages not in L2GEN_STAGES:
+            self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {L2GEN_STAGES.start}..{L2GEN_STAGES.stop - 1}")
+            return
+        smem = l2gen_smem_bytes(c)
+        if smem > self.gpu.smem_per_block:
+            self.error("stages", "E-SMEM", f"{smem} bytes of shared memory ({c.stages} stages of {t}) exceed the {self.gpu.smem_per_block} a block may use on {self.gpu.name}")
 
     def sm90(self, c: Sm90Config) -> None:
         t = c.tile

@@ -36,10 +36,34 @@ def _span_field():
 
 
 class Family(enum.Enum):
-    """Kernel family: which template lowers the program."""
+    """Kernel family: which template lowers the program.
+
+    A program names its family with ``arch`` and, on sm90a, ``impl``: CUTLASS's kernels
+    (the default) or l2gen's own. The value is the family's name in results and symbols.
+    """
 
     SM80 = "sm80"  # CuTe mma.sync + cp.async + ldmatrix; runs on sm_80 and newer
     SM90 = "sm90a"  # CUTLASS 3.x collective builders, wgmma + TMA; sm_90a only
+    SM90_L2GEN = "sm90a_l2gen"  # l2gen's own wgmma + TMA kernel: swap-AB, cluster split-K
+
+    @property
+    def arch(self) -> str:
+        """The ``arch`` word of the family's programs."""
+        return "sm80" if self is Family.SM80 else "sm90a"
+
+    @property
+    def impl(self) -> str | None:
+        """The ``impl`` word (sm90a only): ``cutlass`` or ``l2gen``."""
+        return {Family.SM90: "cutlass", Family.SM90_L2GEN: "l2gen"}.get(self)
+
+    @classmethod
+    def of(cls, arch: str, impl: str | None = None) -> "Family":
+        """The family of an ``arch`` and ``impl`` pair (no ``impl``: the arch's default, its
+        CUTLASS kernels on sm90a); ValueError if there is none."""
+        for family in cls:
+            if family.arch == arch and family.impl == (impl or ("cutlass" if arch == "sm90a" else None)):
+                return family
+        raise ValueError(f"no kernel family for arch {arch!r} with impl {impl!r}")
 
 
 class BLayout(enum.Enum):
@@ -67,10 +91,11 @@ class Decomposition(enum.Enum):
 
 
 class SplitK(enum.Enum):
-    """How an sm80 kernel splits K (compile-time; the slice count is a run-time knob)."""
+    """How a kernel splits K (compile-time; the slice count is a run-time knob)."""
 
     NONE = "none"  # one block owns a whole output tile
-    PARALLEL = "parallel"  # slices write fp32 partials to a workspace, a second kernel reduces
+    PARALLEL = "parallel"  # sm80: slices write fp32 partials to a workspace, a second kernel reduces
+    CLUSTER = "cluster"  # sm90a l2gen: the CTAs of a cluster reduce through distributed shared memory
 
 
 class Sm80Epilogue(enum.Enum):
@@ -89,6 +114,13 @@ class Mainloop(enum.Enum):
 class Sm90Epilogue(enum.Enum):
     TMA = "tma"  # TMA-store epilogue matching the mainloop's warp specialization
     DIRECT = "direct"  # no shared memory: registers to global (NoSmemWarpSpecialized)
+
+
+class Hints(enum.Enum):
+    """L2 cache policies of the operand loads (sm90a l2gen)."""
+
+    NONE = "none"  # the default policy for both
+    STREAM = "stream"  # B evict-first (read once), A evict-last (re-read by every tile column)
 
 
 class Scheduler(enum.Enum):
@@ -166,13 +198,41 @@ class Sm90Config:
 
 
 @dataclass(frozen=True)
+class Sm90L2genConfig:
+    """Compile-time decisions of l2gen's own sm90a kernel (templates/sm90_l2gen_gemm.cu.j2).
+
+    ``tile`` is the output tile of C (BM rows of M, BN columns of N) and the K tile. With
+    ``swap_ab`` the kernel computes C^T = B^T A^T, so BN runs along wgmma's 64-row side and
+    BM along its N side (8..256): the layout for small M.
+    """
+
+    tile: Tile
+    swap_ab: bool = False
+    stages: int = 4
+    split_k: SplitK = SplitK.NONE
+    hints: Hints = Hints.NONE
+    spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    @property
+    def kernel_tile(self) -> tuple[int, int]:
+        """(rows, columns) of the kernel's own tile: the wgmma M side, then its N."""
+        t = self.tile
+        return (t.n, t.m) if self.swap_ab else (t.m, t.n)
+
+    @property
+    def consumers(self) -> int:
+        """Consumer warpgroups: one per 64 rows of the kernel tile."""
+        return max(1, self.kernel_tile[0] // 64)
+
+
+@dataclass(frozen=True)
 class Program:
     """One kernel: its name, family, operand layout, compile-time config, knob defaults."""
 
     name: str
     family: Family
     b_layout: BLayout
-    config: Sm80Config | Sm90Config
+    config: Sm80Config | Sm90Config | Sm90L2genConfig
     knobs: Knobs = Knobs()
     span: Span = _span_field()
     spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import jinja2
 
-from .check import check
+from .check import WGMMA_BASE_WIDTHS, check, l2gen_operands
 from .diagnostics import DiagnosticError, errors
-from .ir import Family, Program
+from .ir import Family, Program, Sm90L2genConfig
 from .printer import format_program
 from .targets import Gpu
 
@@ -23,7 +23,11 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 if not TEMPLATE_DIR.is_dir():  # running from a source checkout
     TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
-TEMPLATE_OF = {Family.SM80: "sm80_gemm.cu.j2", Family.SM90: "sm90_gemm.cu.j2"}
+TEMPLATE_OF = {
+    Family.SM80: "sm80_gemm.cu.j2",
+    Family.SM90: "sm90_gemm.cu.j2",
+    Family.SM90_L2GEN: "sm90_l2gen_gemm.cu.j2",
+}
 
 # Flags every build gets. -DNDEBUG matters on sm90: CUTLASS's asserts make ptxas serialize
 # the wgmma pipeline (warning C7510) and slow the kernel down.
@@ -92,9 +96,23 @@ def template_context(program: Program, gpu: Gpu) -> dict:
         "bm": cfg.tile.m,
         "bn": cfg.tile.n,
         "bk": cfg.tile.k,
-        "epilogue": cfg.epilogue.value,
         "stages": cfg.stages,
     }
+    if isinstance(cfg, Sm90L2genConfig):
+        kbm, kbn = cfg.kernel_tile
+        p_kmajor, q_kmajor = l2gen_operands(program)
+        ctx.update(
+            swap_ab=cfg.swap_ab,
+            kbm=kbm,
+            kbn=kbn,
+            consumers=cfg.consumers,
+            p_kmajor=p_kmajor,
+            q_kmajor=q_kmajor,
+            split_k=cfg.split_k.value,
+            hints=cfg.hints.value,
+        )
+        return ctx
+    ctx["epilogue"] = cfg.epilogue.value
     if program.family is Family.SM80:
         ctx.update(
             wm=cfg.warps[0],
@@ -130,4 +148,15 @@ def lower(program: Program, gpu: Gpu) -> KernelSource:
         entry=ctx["entry"],
         code=code,
         gencode=gpu.gencode(program.family),
+        flags=BASE_FLAGS + extra_flags(program),
     )
+
+
+def extra_flags(program: Program) -> tuple[str, ...]:
+    """Compiler flags a program needs beyond :data:`BASE_FLAGS`. They travel with the
+    source (and its cache key), never as a ``#define`` in the code, where bundling several
+    programs into one translation unit could reorder them."""
+    cfg = program.config
+    if isinstance(cfg, Sm90L2genConfig) and cfg.kernel_tile[1] not in WGMMA_BASE_WIDTHS:
+        return ("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",)
+    return ()

@@ -19,6 +19,7 @@ from .ir import (
     BLayout,
     Decomposition,
     Family,
+    Hints,
     Knobs,
     Mainloop,
     Program,
@@ -28,6 +29,7 @@ from .ir import (
     Sm80Epilogue,
     Sm90Config,
     Sm90Epilogue,
+    Sm90L2genConfig,
     Span,
     SplitK,
     Tile,
@@ -39,11 +41,12 @@ if not GRAMMAR_DIR.is_dir():  # running from a source checkout
     GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "grammar"
 GRAMMAR_PATH = GRAMMAR_DIR / "l2gen.lark"
 
-# Decisions each family accepts (beyond arch, b, tile, stages, epilogue and the knobs).
-COMMON = ("arch", "b_layout", "tile", "stages", "epilogue", "raster", "swizzle", "splits")
+# Decisions each family accepts (beyond arch, b, tile, stages and the knobs).
+COMMON = ("arch", "b_layout", "tile", "stages", "raster", "swizzle", "splits")
 ONLY = {
-    Family.SM80: ("warps", "smem_swizzle", "split_k", "min_blocks"),
-    Family.SM90: ("cluster", "mainloop", "scheduler", "decomposition"),
+    Family.SM80: ("epilogue", "warps", "smem_swizzle", "split_k", "min_blocks"),
+    Family.SM90: ("impl", "epilogue", "cluster", "mainloop", "scheduler", "decomposition"),
+    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints"),
 }
 KEYWORD = {"b_layout": "b"}  # decision name -> the keyword written in the DSL
 
@@ -133,6 +136,15 @@ def _words(name: str) -> str:
     return KEYWORD.get(name, name)
 
 
+def _a(words: str) -> str:
+    return ("an " if words[0] in "aeios" else "a ") + words
+
+
+def _family_words(family: Family) -> str:
+    """How a family is written: 'sm80', 'sm90a', 'sm90a impl l2gen'."""
+    return family.arch if family is not Family.SM90_L2GEN else f"{family.arch} impl {family.impl}"
+
+
 class _Builder:
     """Walks the parse tree and assembles a Program, collecting diagnostics."""
 
@@ -171,16 +183,30 @@ class _Builder:
         if self.diags:
             return None
 
-        family = values["arch"][0]
+        arch = values["arch"][0]
+        impl = values["impl"][0] if "impl" in values else None
+        try:
+            family = Family.of(arch, impl)
+        except ValueError:
+            self.diags.append(
+                Diagnostic("E-FAMILY", f"'impl {impl}' is an sm90a decision; this kernel is {arch}", values["impl"][1])
+            )
+            return None
         allowed = set(COMMON) | set(ONLY[family])
         for decision, (_, span) in values.items():
             if decision not in allowed:
-                other = next(f for f in Family if decision in ONLY[f])
+                owners = [f for f in Family if decision in ONLY[f]]
+                if len(owners) > 1 and {f.arch for f in owners} == {"sm90a"}:
+                    whose = "an sm90a"
+                elif owners[0] is Family.SM90 and family is Family.SM90_L2GEN:
+                    whose = "a CUTLASS sm90a ('impl cutlass')"
+                else:
+                    whose = _a(_family_words(owners[0]))
                 self.diags.append(
                     Diagnostic(
                         "E-FAMILY",
-                        f"'{_words(decision)}' is a {other.value} decision; "
-                        f"this kernel is {family.value}",
+                        f"'{_words(decision)}' is {whose} decision; "
+                        f"this kernel is {_family_words(family)}",
                         span,
                     )
                 )
@@ -209,6 +235,17 @@ class _Builder:
                 tile=get["tile"],
                 swizzle=get.get("smem_swizzle", default_smem_swizzle(get["tile"])),
                 **given(get, warps=None, stages=None, epilogue=Sm80Epilogue, split_k=SplitK, min_blocks=None),
+                spans=spans,
+            )
+        elif family is Family.SM90_L2GEN:
+            if get.get("stages") == "auto":
+                self.diags.append(
+                    Diagnostic("E-VALUE", "the l2gen sm90a kernel needs a stage count, not 'auto'", spans["stages"])
+                )
+                return None
+            config = Sm90L2genConfig(
+                tile=get["tile"],
+                **given(get, swap_ab=lambda v: v == "on", stages=None, split_k=SplitK, hints=Hints),
                 spans=spans,
             )
         else:
@@ -250,8 +287,8 @@ class _Builder:
 
     def _value(self, decision: str, node: lark.Tree):
         toks = [t for t in node.children if isinstance(t, lark.Token)]
-        if decision == "arch":
-            return Family(str(toks[0]))
+        if decision in ("arch", "impl"):
+            return str(toks[0])
         if decision == "tile":
             m, n, k = (int(t) for t in toks)
             return Tile(m, n, k, span=_span(self.file, node.meta))

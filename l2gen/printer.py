@@ -6,13 +6,18 @@ build cache, the kernel database and the entry symbol are keyed on.
 
 from __future__ import annotations
 
-from .ir import Family, Program, Sm80Config, Sm90Config
+from .ir import Family, Program, Sm80Config, Sm90Config, Sm90L2genConfig
 
 
 def _lines(program: Program) -> list[tuple[str, str]]:
     cfg = program.config
     t = cfg.tile
-    out = [("arch", program.family.value), ("b", program.b_layout.value), ("tile", f"{t.m} x {t.n} x {t.k}")]
+    # `impl cutlass` is sm90a's default and is not printed, so that the canonical text (the
+    # key of builds and database rows) of every CUTLASS program stays what it always was.
+    out = [("arch", program.family.arch)]
+    if program.family is Family.SM90_L2GEN:
+        out.append(("impl", program.family.impl))
+    out += [("b", program.b_layout.value), ("tile", f"{t.m} x {t.n} x {t.k}")]
     if isinstance(cfg, Sm80Config):
         out += [
             ("warps", f"{cfg.warps[0]} x {cfg.warps[1]}"),
@@ -29,6 +34,13 @@ def _lines(program: Program) -> list[tuple[str, str]]:
             ("epilogue", cfg.epilogue.value),
             ("stages", "auto" if cfg.stages == 0 else str(cfg.stages)),
             ("scheduler", cfg.scheduler.value),
+        ]
+    elif isinstance(cfg, Sm90L2genConfig):
+        out += [
+            ("swap_ab", "on" if cfg.swap_ab else "off"),
+            ("stages", str(cfg.stages)),
+            ("split_k", cfg.split_k.value),
+            ("hints", cfg.hints.value),
         ]
     kn = program.knobs
     out += [("raster", kn.raster.value), ("swizzle", str(kn.swizzle)), ("splits", str(kn.splits))]

@@ -16,6 +16,7 @@ from .ir import (
     BLayout,
     Decomposition,
     Family,
+    Hints,
     Knobs,
     Mainloop,
     Program,
@@ -25,6 +26,7 @@ from .ir import (
     Sm80Epilogue,
     Sm90Config,
     Sm90Epilogue,
+    Sm90L2genConfig,
     SplitK,
     Tile,
     given,
@@ -50,7 +52,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("stages", (2, 3, 4, 5, 6)),
         Slot("smem_swizzle_b", (1, 2, 3)),
         Slot("epilogue", tuple(Sm80Epilogue)),
-        Slot("split_k", tuple(SplitK)),
+        Slot("split_k", (SplitK.NONE, SplitK.PARALLEL)),
         Slot("min_blocks", (1, 2)),
         Slot("raster", tuple(Raster), runtime=True),
         Slot("swizzle", (0, 1, 2, 3), runtime=True),
@@ -70,6 +72,18 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("splits", SPLITS, runtime=True),
         Slot("decomposition", tuple(Decomposition), runtime=True),
     ),
+    Family.SM90_L2GEN: (
+        Slot("bm", (16, 32, 64, 128, 192, 256)),
+        Slot("bn", (16, 32, 64, 128, 192, 256)),
+        Slot("bk", rules.L2GEN_TILE_K),
+        Slot("swap_ab", (False, True)),
+        Slot("stages", (3, 4, 5, 6, 8)),
+        Slot("split_k", (SplitK.NONE, SplitK.CLUSTER)),
+        Slot("hints", tuple(Hints)),
+        Slot("raster", tuple(Raster), runtime=True),
+        Slot("swizzle", (0, 1, 2, 3), runtime=True),
+        Slot("splits", (1, 2, 3, 4, 6, 8), runtime=True),
+    ),
 }
 
 
@@ -83,6 +97,8 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
             swizzle=(c.get("smem_swizzle_b", 3), 3, 3),
             **given(c, warps=tuple, stages=None, epilogue=Sm80Epilogue, split_k=SplitK, min_blocks=None),
         )
+    elif family is Family.SM90_L2GEN:
+        config = Sm90L2genConfig(tile=tile, **given(c, swap_ab=bool, stages=None, split_k=SplitK, hints=Hints))
     else:
         config = Sm90Config(
             tile=tile,
@@ -95,7 +111,7 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
     return Program(name or default_name(family, config), family, b_layout, config, knobs)
 
 
-def default_name(family: Family, config: Sm80Config | Sm90Config) -> str:
+def default_name(family: Family, config: Sm80Config | Sm90Config | Sm90L2genConfig) -> str:
     t = config.tile
     return f"{family.value}_{t.m}x{t.n}x{t.k}"
 
@@ -107,6 +123,8 @@ def choices_of(program: Program) -> dict:
     out = {"bm": c.tile.m, "bn": c.tile.n, "bk": c.tile.k, "raster": k.raster, "swizzle": k.swizzle, "splits": k.splits}
     if isinstance(c, Sm80Config):
         out.update(warps=c.warps, stages=c.stages, smem_swizzle_b=c.swizzle[0], epilogue=c.epilogue, split_k=c.split_k, min_blocks=c.min_blocks)
+    elif isinstance(c, Sm90L2genConfig):
+        out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints)
     else:
         out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, stages=c.stages, scheduler=c.scheduler, decomposition=k.decomposition)
     return out
@@ -115,7 +133,7 @@ def choices_of(program: Program) -> dict:
 def sanitize(program: Program) -> Program:
     """Make knob defaults consistent with compile-time choices (splits need a splitter)."""
     c = program.config
-    if isinstance(c, Sm80Config) and c.split_k is SplitK.NONE and program.knobs.splits != 1:
+    if isinstance(c, (Sm80Config, Sm90L2genConfig)) and c.split_k is SplitK.NONE and program.knobs.splits != 1:
         return program.with_knobs(splits=1)
     if isinstance(c, Sm90Config) and c.scheduler is Scheduler.PERSISTENT:
         if program.knobs.splits != 1 or program.knobs.decomposition is not Decomposition.HEURISTIC:

@@ -26,11 +26,11 @@ class Gpu:
     max_cluster: int  # portable cluster size limit (0: no clusters)
 
     def families(self) -> tuple[Family, ...]:
-        return (Family.SM80, Family.SM90) if self.sm >= 90 else (Family.SM80,)
+        return (Family.SM80, Family.SM90, Family.SM90_L2GEN) if self.sm >= 90 else (Family.SM80,)
 
     def gencode(self, family: Family) -> str:
         """The nvcc -gencode flag for a family on this GPU."""
-        if family is Family.SM90:
+        if family is not Family.SM80:
             return "-gencode=arch=compute_90a,code=sm_90a"
         return f"-gencode=arch=compute_{self.sm},code=sm_{self.sm}"
 

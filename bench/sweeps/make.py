@@ -9,9 +9,13 @@ variants it times.
   stream-K scheduler (cooperative mainloop only, so BM = 128 or 256) splits K to fill them.
 - ``large``: compute-bound problems (M, N >= 512, K >= 1024). Tile shape, cluster shape
   and mainloop schedule at compile time; rasterization order and swizzle at run time.
+- ``l2gen``: l2gen's own sm90a kernel (``impl l2gen``) for the skinny, K-heavy and
+  small-M problems: tile, swap-AB, stages and cache hints at compile time; the cluster
+  split of K (1, 2, 4, 8 CTAs per tile) at run time.
 
     python bench/sweeps/make.py skinny /tmp/skinny   # shapes: bench/sweeps/skinny-shapes.json
     python bench/sweeps/make.py large /tmp/large     # shapes: bench/sweeps/large-shapes.json
+    python bench/sweeps/make.py l2gen /tmp/l2gen     # shapes: bench/sweeps/l2gen-shapes.json
 """
 from __future__ import annotations
 
@@ -42,6 +46,19 @@ SWEEPS = {
          (128, 128, 64, (2, 1), "pingpong", "persistent")],
         [(r, s, "heuristic", 1) for r, s in itertools.product(("heuristic", "along_m", "along_n"), (0, 1, 3))],
     ),
+    # (BM, BN, BK, swap_ab, stages, hints) x (raster, swizzle, splits)
+    "l2gen": (
+        [(128, 128, 64, False, 5, "none"),
+         (128, 64, 64, False, 6, "none"),
+         (64, 256, 64, False, 4, "stream"),
+         (128, 192, 64, False, 4, "stream"),
+         (128, 256, 64, False, 4, "none"),
+         (64, 128, 128, True, 4, "stream"),
+         (64, 64, 128, True, 6, "stream"),
+         (128, 128, 128, True, 3, "stream"),
+         (256, 128, 64, True, 4, "stream")],
+        [("heuristic", 0, s) for s in (1, 2, 4, 8)],
+    ),
 }
 
 
@@ -68,14 +85,35 @@ def program(config: tuple, knobs: tuple) -> tuple[str, str]:
 """
 
 
+def l2gen_program(config: tuple, knobs: tuple) -> tuple[str, str]:
+    bm, bn, bk, swap, stages, hints = config
+    raster, swizzle, splits = knobs
+    name = f"l2gen_{bm}x{bn}x{bk}_{'swap_' if swap else ''}s{stages}_{hints}_split{splits}"
+    return name, f"""kernel {name} {{
+    arch    sm90a
+    impl    l2gen
+    b       kn
+    tile    {bm} x {bn} x {bk}
+    swap_ab {'on' if swap else 'off'}
+    stages  {stages}
+    split_k cluster
+    hints   {hints}
+    raster  {raster}
+    swizzle {swizzle}
+    splits  {splits}
+}}
+"""
+
+
 def main(sweep: str, out: str) -> None:
     if sweep not in SWEEPS:
         raise SystemExit(f"unknown sweep '{sweep}': one of {', '.join(SWEEPS)}")
     configs, variants = SWEEPS[sweep]
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
+    write = l2gen_program if sweep == "l2gen" else program
     for config, knobs in itertools.product(configs, variants):
-        name, text = program(config, knobs)
+        name, text = write(config, knobs)
         (folder / f"{name}.l2").write_text(text)
     print(f"{len(configs) * len(variants)} programs ({len(configs)} libraries) in {folder}")
 

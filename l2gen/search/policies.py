@@ -29,6 +29,7 @@ from ..ir import (
     Scheduler,
     Sm80Config,
     Sm90Config,
+    Sm90L2genConfig,
     SplitK,
 )
 from ..parse import parse
@@ -75,7 +76,7 @@ def _active(program: Program) -> set[str]:
     """Slots that matter for this program (split counts need a splitter)."""
     names = {s.name for s in SLOTS[program.family]}
     cfg = program.config
-    if isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.NONE:
+    if isinstance(cfg, (Sm80Config, Sm90L2genConfig)) and cfg.split_k is SplitK.NONE:
         names.discard("splits")
     if isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.PERSISTENT:
         names -= {"splits", "decomposition"}
@@ -145,7 +146,11 @@ def _derived(program: Program, shape: Shape, gpu: Gpu) -> list[float]:
     t = cfg.tile
     tm, tn = math.ceil(shape.m / t.m), math.ceil(shape.n / t.n)
     splits = 1
-    if isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.PARALLEL or isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K:
+    if (
+        isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.PARALLEL
+        or isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K
+        or isinstance(cfg, Sm90L2genConfig) and cfg.split_k is SplitK.CLUSTER
+    ):
         splits = kn.splits
     streamk = isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K and kn.decomposition is Decomposition.STREAM_K
     units = tm * tn * splits

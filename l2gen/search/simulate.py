@@ -12,11 +12,12 @@ import math
 import struct
 from typing import Sequence
 
-from ..check import sm80_smem_bytes, sm90_stages_and_smem
+from ..check import l2gen_smem_bytes, sm80_smem_bytes, sm90_stages_and_smem
 from ..ir import (
     BLayout,
     Decomposition,
     Family,
+    Hints,
     Knobs,
     Mainloop,
     Program,
@@ -26,6 +27,7 @@ from ..ir import (
     Sm80Epilogue,
     Sm90Config,
     Sm90Epilogue,
+    Sm90L2genConfig,
     SplitK,
     Tile,
 )
@@ -44,6 +46,7 @@ INFLIGHT_BYTES = 64 * 1024  # bytes in flight per SM that hide the memory latenc
 SM80_MMA_SYNC = 0.7  # mma.sync's share of the wgmma peak on sm_90
 MAX_THREADS_PER_SM = 2048
 SM90_SETUP_US = 0.6  # TMA descriptor prefetch, barrier init, warp-specialized role setup
+DSMEM_TBS = 6.0  # distributed shared memory bandwidth of the whole chip (cluster reduction)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -189,14 +192,43 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     return compute, extra, extra_bytes
 
 
+def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gpu) -> tuple[float, float, float]:
+    """l2gen's own sm90a kernel: one CTA per (tile, split), the splits of a tile reduced
+    in its cluster through distributed shared memory, swap_ab changing only the wgmma
+    shape."""
+    t = cfg.tile
+    kn = program.knobs
+    rows, cols = cfg.kernel_tile
+    per_sm_flops = gpu.peak_tflops_fp16 * 1e6 / gpu.sms
+    bw_sm = L2_TBS * 1e6 / gpu.sms
+    eff = 0.97 * (1.0 - math.exp(-(rows * cols) / 7100.0)) * (1.0 if t.k == 64 else 0.99)
+    pipe = _pipe(cfg.stages, (rows + cols) * t.k * 2)
+    resident = max(1, min(2, gpu.smem_per_sm // l2gen_smem_bytes(cfg)))
+    tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
+    splits = kn.splits if cfg.split_k is SplitK.CLUSTER else 1
+    units = tiles_m * tiles_n * splits
+    waves = _ceil(units, gpu.sms * resident)
+    k_iters = _ceil(_ceil(shape.k, t.k), splits)
+    penalty = _l2_penalty(program, shape, tiles_m, tiles_n, gpu) * (0.5 if cfg.hints is Hints.STREAM else 1.0)
+    bytes_iter = (min(t.m, shape.m) + min(t.n, shape.n)) * t.k * 2 * (1.0 + 0.05 * penalty)
+    t_iter = _overlap(2.0 * t.m * t.n * t.k / (per_sm_flops * eff), bytes_iter / (bw_sm * pipe), 0.1)
+    t_epi = t.m * t.n * 2 / bw_sm / splits + 0.1
+    if splits > 1:
+        t_epi += rows * cols * 4 * (splits - 1) / splits / (DSMEM_TBS * 1e6 / gpu.sms) + 0.3
+    compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
+    return compute, 0.3 + 0.2 * (splits > 1), 0.0
+
+
 def model_us(program: Program, shape: Shape, gpu: Gpu) -> float:
     """Noise-free simulated time of a (valid) program on a shape, in microseconds."""
-    if isinstance(program.config, Sm80Config):
-        compute, extra, extra_bytes = _sm80_us(program, program.config, shape, gpu)
-        tiles_m, tiles_n = _ceil(shape.m, program.config.tile.m), _ceil(shape.n, program.config.tile.n)
+    cfg = program.config
+    if isinstance(cfg, Sm80Config):
+        compute, extra, extra_bytes = _sm80_us(program, cfg, shape, gpu)
+    elif isinstance(cfg, Sm90L2genConfig):
+        compute, extra, extra_bytes = _sm90_l2gen_us(program, cfg, shape, gpu)
     else:
-        compute, extra, extra_bytes = _sm90_us(program, program.config, shape, gpu)
-        tiles_m, tiles_n = _ceil(shape.m, program.config.tile.m), _ceil(shape.n, program.config.tile.n)
+        compute, extra, extra_bytes = _sm90_us(program, cfg, shape, gpu)
+    tiles_m, tiles_n = _ceil(shape.m, cfg.tile.m), _ceil(shape.n, cfg.tile.n)
     reload = 1.0 + _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
     dram_bytes = 2.0 * (shape.m * shape.k + shape.k * shape.n) * reload + 2.0 * shape.m * shape.n + extra_bytes
     dram = dram_bytes / (gpu.bandwidth_tbs * 1e6 * 0.92)

@@ -30,7 +30,7 @@ def test_lowered_source_has_the_abi(program):
     assert source.code.count('extern "C"') >= 3
     assert format_program(program).splitlines()[0] in source.code  # the program, as a comment
     assert "-DNDEBUG" in source.flags
-    assert ("sm_90a" in source.gencode) == (program.family.value == "sm90a")
+    assert ("sm_90a" in source.gencode) == (program.family.arch == "sm90a")
     includes, _body = split_includes(source.code)
     assert any("cute" in line or "cutlass" in line for line in includes)  # hoistable for bundles
 

@@ -1,0 +1,88 @@
+"""l2gen's own sm90a kernel, held to nvcc: a fixed set of programs covering swap-AB on both
+B layouts, the cluster split, cache hints and a wgmma width outside CuTe's base set builds,
+and (where cuobjdump is found) its machine code issues exactly one wgmma shape, the
+kernel tile's width, and spills nothing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from l2gen.build import build_many
+from l2gen.lower import lower
+from l2gen.parse import parse
+from l2gen.targets import GPUS
+from l2gen.toolchain import _wheel_dirs
+
+pytestmark = pytest.mark.nvcc
+
+H200 = GPUS["h200"]
+
+PROGRAMS = {
+    # name: (program text, expected wgmma N)
+    "swap_kn_cluster": ("b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k cluster\n hints stream\n splits 4", 64),
+    "swap_nk_m16": ("b nk\n tile 16 x 128 x 64\n swap_ab on\n stages 6", 16),
+    "kn_cluster": ("b kn\n tile 128 x 128 x 64\n stages 4\n split_k cluster\n splits 2", 128),
+    "nk_wide_extended": ("b nk\n tile 64 x 160 x 64\n stages 4", 160),
+}
+
+
+def program(name: str):
+    body, _ = PROGRAMS[name]
+    return parse(f"kernel {name} {{\n arch sm90a\n impl l2gen\n {body}\n}}")
+
+
+def cuobjdump() -> str | None:
+    """cuobjdump from PATH or NVIDIA's wheels (nvidia-cuda-cuobjdump), with nvdisasm
+    beside it; None if it cannot disassemble here."""
+    found = shutil.which("cuobjdump")
+    if found is None:
+        for wheel in _wheel_dirs():
+            for candidate in (wheel / "cu13" / "bin" / "cuobjdump", wheel / "cuda_cuobjdump" / "bin" / "cuobjdump"):
+                if candidate.is_file():
+                    found = str(candidate)
+                    break
+    if found is None or not (shutil.which("nvdisasm") or (Path(found).parent / "nvdisasm").is_file()):
+        return None
+    return found
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    import os
+
+    old = os.environ.get("L2GEN_CACHE_DIR")
+    os.environ["L2GEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        sources = [lower(program(name), H200) for name in PROGRAMS]
+        results = build_many(sources, jobs=2, timeout=900)
+    finally:
+        if old is None:
+            del os.environ["L2GEN_CACHE_DIR"]
+        else:
+            os.environ["L2GEN_CACHE_DIR"] = old
+    return dict(zip(PROGRAMS, results))
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_l2gen_program_builds(built, name):
+    result = built[name]
+    assert result.ok, f"{name}:\n{result.error}\n{result.command}"
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_l2gen_machine_code_has_one_wgmma_shape_and_no_spills(built, name):
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump with nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    result = built[name]
+    assert result.ok, result.error
+    env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
+    sass = subprocess.run([tool, "-sass", str(result.library)], capture_output=True, text=True, env=env, check=True).stdout
+    shapes = set(re.findall(r"HGMMA\.64x(\d+)x16", sass))
+    assert shapes == {str(PROGRAMS[name][1])}, f"{name}: wgmma widths {sorted(shapes)}"
+    assert not re.search(r"\b(LDL|STL)\b", sass), f"{name}: local-memory traffic (spills)"
