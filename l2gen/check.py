@@ -121,7 +121,7 @@ def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
     pipeline = cfg.stages * (rows + cols) * cfg.tile.k * 2
     staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
     reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
-    return max(pipeline, reduce + staging) + 16 * cfg.stages + 1024
+    return max(pipeline, reduce + staging) + 16 * cfg.stages + 16 + 1024
 
 
 class _Checker:
@@ -170,8 +170,8 @@ class _Checker:
             self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'split_k parallel'; this kernel has 'split_k none'")
         if isinstance(cfg, Sm90L2genConfig):
             if cfg.split_k is SplitK.NONE and k.splits != 1:
-                self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'split_k cluster'; this kernel has 'split_k none'")
-            elif k.splits > L2GEN_MAX_SPLITS:
+                self.error("splits", "E-SPLITS", f"splits {k.splits} needs 'split_k cluster' or 'atomic'; this kernel has 'split_k none'")
+            elif cfg.split_k is SplitK.CLUSTER and k.splits > L2GEN_MAX_SPLITS:
                 self.error("splits", "E-SPLITS", f"splits {k.splits}: a cluster holds at most {L2GEN_MAX_SPLITS} CTAs, so 'split_k cluster' splits K at most {L2GEN_MAX_SPLITS} ways")
         if isinstance(cfg, Sm90Config):
             if cfg.scheduler is Scheduler.PERSISTENT and k.splits != 1:
@@ -217,8 +217,8 @@ class _Checker:
         acc = t.m * t.n // c.threads
         if acc > SM80_MAX_ACC_PER_THREAD:
             self.error("tile", "E-REGS", f"{acc} fp32 accumulators per thread (tile {t} over {c.threads} threads) exceed the register budget of {SM80_MAX_ACC_PER_THREAD}; add warps or shrink the tile")
-        if c.split_k is SplitK.CLUSTER:
-            self.error("split_k", "E-SPLITK", "'split_k cluster' is the sm90a l2gen kernel's ('impl l2gen'); sm80 takes 'none' or 'parallel'")
+        if c.split_k in (SplitK.CLUSTER, SplitK.ATOMIC):
+            self.error("split_k", "E-SPLITK", f"'split_k {c.split_k.value}' is the sm90a l2gen kernel's ('impl l2gen'); sm80 takes 'none' or 'parallel'")
         if c.stages not in SM80_STAGES:
             self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {SM80_STAGES.start}..{SM80_STAGES.stop - 1}")
         b, m, s = c.swizzle
@@ -262,7 +262,7 @@ class _Checker:
         if not q_kmajor and cols % 64:
             self.error("tile", "E-ATOM", f"tile {other} {cols}: B stored K x N ('b kn') is N-major, and its tile must span whole 64-column swizzle atoms")
         if c.split_k is SplitK.PARALLEL:
-            self.error("split_k", "E-SPLITK", "'split_k parallel' is the sm80 family's; the l2gen sm90a kernel takes 'none' or 'cluster'")
+            self.error("split_k", "E-SPLITK", "'split_k parallel' is the sm80 family's; the l2gen sm90a kernel takes 'none', 'cluster' or 'atomic'")
         if c.stages not in L2GEN_STAGES:
             self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {L2GEN_STAGES.start}..{L2GEN_STAGES.stop - 1}")
             return

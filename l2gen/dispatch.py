@@ -365,7 +365,9 @@ class TorchLauncher:
         nbytes = kernel.workspace_size(m, n, k, knobs)
         if nbytes == 0:
             return (None, 0)
-        return (self.torch.empty(nbytes, dtype=self.torch.uint8, device=like.device), nbytes)
+        # Zeroed once: a kernel that counts arrivals in its workspace leaves it zeroed again
+        # (templates/common.cuh.j2), so it is never cleared per call.
+        return (self.torch.zeros(nbytes, dtype=self.torch.uint8, device=like.device), nbytes)
 
     def eligible(self, a, b, out) -> bool:
         f16 = self.torch.float16

@@ -96,6 +96,7 @@ class SplitK(enum.Enum):
     NONE = "none"  # one block owns a whole output tile
     PARALLEL = "parallel"  # sm80: slices write fp32 partials to a workspace, a second kernel reduces
     CLUSTER = "cluster"  # sm90a l2gen: the CTAs of a cluster reduce through distributed shared memory
+    ATOMIC = "atomic"  # sm90a l2gen: atomic adds into a workspace, the last split writes C
 
 
 class Sm80Epilogue(enum.Enum):

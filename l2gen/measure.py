@@ -156,6 +156,7 @@ def _measure(task: dict, note: Note) -> dict:
             ws = DeviceBuffer(ws_bytes) if ws_bytes else None
             if ws is not None:
                 owned.append(ws)
+                ws.fill_bytes(0)  # once, as the ABI asks (templates/common.cuh.j2)
 
             def bind(a, b, c, lib=lib, knobs=knobs, ws=ws, ws_bytes=ws_bytes):
                 def run(stream):

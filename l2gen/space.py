@@ -78,7 +78,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("bk", rules.L2GEN_TILE_K),
         Slot("swap_ab", (False, True)),
         Slot("stages", (3, 4, 5, 6, 8)),
-        Slot("split_k", (SplitK.NONE, SplitK.CLUSTER)),
+        Slot("split_k", (SplitK.NONE, SplitK.CLUSTER, SplitK.ATOMIC)),
         Slot("hints", tuple(Hints)),
         Slot("raster", tuple(Raster), runtime=True),
         Slot("swizzle", (0, 1, 2, 3), runtime=True),

@@ -149,7 +149,7 @@ def _derived(program: Program, shape: Shape, gpu: Gpu) -> list[float]:
     if (
         isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.PARALLEL
         or isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K
-        or isinstance(cfg, Sm90L2genConfig) and cfg.split_k is SplitK.CLUSTER
+        or isinstance(cfg, Sm90L2genConfig) and cfg.split_k is not SplitK.NONE
     ):
         splits = kn.splits
     streamk = isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K and kn.decomposition is Decomposition.STREAM_K

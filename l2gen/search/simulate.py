@@ -205,7 +205,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     pipe = _pipe(cfg.stages, (rows + cols) * t.k * 2)
     resident = max(1, min(2, gpu.smem_per_sm // l2gen_smem_bytes(cfg)))
     tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
-    splits = kn.splits if cfg.split_k is SplitK.CLUSTER else 1
+    splits = kn.splits if cfg.split_k is not SplitK.NONE else 1
     units = tiles_m * tiles_n * splits
     waves = _ceil(units, gpu.sms * resident)
     k_iters = _ceil(_ceil(shape.k, t.k), splits)
@@ -213,8 +213,10 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     bytes_iter = (min(t.m, shape.m) + min(t.n, shape.n)) * t.k * 2 * (1.0 + 0.05 * penalty)
     t_iter = _overlap(2.0 * t.m * t.n * t.k / (per_sm_flops * eff), bytes_iter / (bw_sm * pipe), 0.1)
     t_epi = t.m * t.n * 2 / bw_sm / splits + 0.1
-    if splits > 1:
+    if splits > 1 and cfg.split_k is SplitK.CLUSTER:
         t_epi += rows * cols * 4 * (splits - 1) / splits / (DSMEM_TBS * 1e6 / gpu.sms) + 0.3
+    elif splits > 1:  # atomic: every split adds its tile in L2, the last reads and zeroes it
+        t_epi += rows * cols * 4 * 3 / bw_sm + 0.4
     compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
 

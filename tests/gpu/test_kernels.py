@@ -78,6 +78,7 @@ def test_generated_kernels_are_correct(built):
                 for m, n, k in SHAPES:
                     ws_bytes = lib.workspace_size(m, n, k, knobs)
                     ws = DeviceBuffer(max(ws_bytes, 16))
+                    ws.fill_bytes(0)
 
                     def kernel(a, b, c, m=m, n=n, k=k, knobs=knobs, ws=ws, ws_bytes=ws_bytes):
                         lib.launch(a, b, c, m, n, k, k, ldb_of(n, k), n, knobs, ws, ws_bytes, stream)

@@ -1,7 +1,8 @@
 """l2gen's own sm90a kernel on the GPU: correct for small and odd M with swap-AB on both B
-layouts, correct and bitwise deterministic under the cluster split, one kernel node per
-call in a CUDA graph (no memset, no second kernel), and clean across 1,000 calls that
-change shape and split count.
+layouts, correct under both splits of K and bitwise deterministic under the cluster one,
+one kernel node per call in a CUDA graph (no memset, no second kernel), and, with the
+atomic split, its workspace left zeroed across 1,000 calls that change shape and split
+count.
 
 Each program is lowered, built (cached), loaded in this process and verified against an
 fp64 reference with NaN-poisoned outputs.
@@ -26,6 +27,8 @@ PROGRAMS = {
     "kn_128": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k cluster",
     "nk_64x256": "b nk\n tile 64 x 256 x 64\n stages 4\n split_k cluster",
     "nk_wide_160": "b nk\n tile 128 x 160 x 64\n stages 3",
+    "swap_kn_atomic": "b kn\n tile 64 x 128 x 64\n swap_ab on\n stages 6\n split_k atomic",
+    "kn_128_atomic": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k atomic",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
 N_K = ((4104, 1024), (1000, 2056), (264, 520))  # odd N (multiples of 8), K tails
@@ -59,6 +62,30 @@ def _split_knobs(program, splits):
     if program.config.split_k is SplitK.CLUSTER:
         for s in splits:
             yield Knobs(splits=s, raster=Raster.ALONG_N, swizzle=1)
+    if program.config.split_k is SplitK.ATOMIC:
+        for s in (*splits, 16):
+            yield Knobs(splits=s, raster=Raster.ALONG_N, swizzle=1)
+
+
+class Workspace:
+    """A zeroed workspace for a library's launches, grown (and zeroed) on demand."""
+
+    def __init__(self):
+        self.buffer = None
+
+    def get(self, lib, m, n, k, knobs):
+        from l2gen.runtime import DeviceBuffer
+
+        need = lib.workspace_size(m, n, k, knobs)
+        if need and (self.buffer is None or self.buffer.nbytes < need):
+            if self.buffer is not None:
+                self.buffer.free()
+            self.buffer = DeviceBuffer(need)
+            self.buffer.fill_bytes(0)
+        return (self.buffer, need) if need else (None, 0)
+
+    def is_zero(self) -> bool:
+        return self.buffer is None or not np.any(self.buffer.download((self.buffer.nbytes,), np.uint8))
 
 
 def _verify_all(libs, names, shapes, splits):
@@ -71,13 +98,15 @@ def _verify_all(libs, names, shapes, splits):
         for name in names:
             program, lib = libs[name]
             ldb_of = (lambda n, k: n) if program.b_layout.value == "kn" else (lambda n, k: k)
+            ws = Workspace()
             for knobs in _split_knobs(program, splits):
                 for m, n, k in shapes:
                     if knobs.splits > -(-k // program.config.tile.k):
                         continue  # more splits than K tiles: the entry refuses (tested below)
+                    buf, nbytes = ws.get(lib, m, n, k, knobs)
 
-                    def kernel(a, b, c, m=m, n=n, k=k, knobs=knobs):
-                        lib.launch(a, b, c, m, n, k, k, ldb_of(n, k), n, knobs, None, 0, stream)
+                    def kernel(a, b, c, m=m, n=n, k=k, knobs=knobs, buf=buf, nbytes=nbytes):
+                        lib.launch(a, b, c, m, n, k, k, ldb_of(n, k), n, knobs, buf, nbytes, stream)
 
                     try:
                         r = verify(kernel, m, n, k, b_layout=program.b_layout.value, seeds=2, device=device)
@@ -86,6 +115,8 @@ def _verify_all(libs, names, shapes, splits):
                         continue
                     if not r.ok:
                         failures.append(f"{name} {knobs} {m}x{n}x{k}: {r.error}")
+            if not ws.is_zero():
+                failures.append(f"{name}: the workspace was left dirty")
     return failures
 
 
@@ -131,16 +162,18 @@ def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
     from l2gen.ir import Knobs
     from l2gen.runtime import DeviceBuffer, Stream, call
 
-    for name in ("swap_kn", "kn_128"):
+    for name in ("swap_kn", "kn_128", "kn_128_atomic"):
         program, lib = libs[name]
         m, n, k = 64, 1024, 4096
         ldb = n if program.b_layout.value == "kn" else k
         buffers = [DeviceBuffer(2 * x) for x in (m * k, n * k, m * n)]
+        ws = Workspace()
+        buf, nbytes = ws.get(lib, m, n, k, Knobs(splits=4))
         with Stream() as stream:
-            lib.launch(*buffers, m, n, k, k, ldb, n, Knobs(splits=4), None, 0, stream)  # set-up outside
+            lib.launch(*buffers, m, n, k, k, ldb, n, Knobs(splits=4), buf, nbytes, stream)  # set-up outside
             stream.synchronize()
             call("cudaStreamBeginCapture", stream.handle, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal)
-            lib.launch(*buffers, m, n, k, k, ldb, n, Knobs(splits=4), None, 0, stream)
+            lib.launch(*buffers, m, n, k, k, ldb, n, Knobs(splits=4), buf, nbytes, stream)
             graph = call("cudaStreamEndCapture", stream.handle)
             err, _, count = cudart.cudaGraphGetNodes(graph, 0)
             assert int(err) == 0
@@ -160,7 +193,6 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
 
     device = CudaDevice()
     rng = random.Random(3)
-    program, lib = libs["swap_kn"]
     shapes = [(m, n, k) for m in (1, 16, 64, 100) for n, k in ((1024, 2048), (4104, 1024))]
     data = {}
     for m, n, k in shapes:
@@ -170,18 +202,26 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
         device.write(b, b_host)
         data[(m, n, k)] = (a, b, c, reference(a_host, b_host, "kn"))
     bad = []
+    ws = Workspace()
+    for (m, n, k) in shapes:  # one workspace, sized for the largest call
+        ws.get(libs["swap_kn_atomic"][1], m, n, k, Knobs(splits=16))
     with Stream() as stream:
         for i in range(1000):
+            name = rng.choice(("swap_kn", "swap_kn_atomic"))
+            _, lib = libs[name]
             m, n, k = rng.choice(shapes)
-            splits = rng.choice((1, 2, 3, 4, 8))
+            splits = rng.choice((1, 2, 3, 4, 8) + ((16,) if name.endswith("atomic") else ()))
             a, b, c, ref = data[(m, n, k)]
             device.poison(c)
-            lib.launch(a, b, c, m, n, k, k, n, n, Knobs(splits=splits), None, 0, stream)
+            knobs = Knobs(splits=splits)
+            nbytes = lib.workspace_size(m, n, k, knobs)
+            lib.launch(a, b, c, m, n, k, k, n, n, knobs, ws.buffer if nbytes else None, nbytes, stream)
             stream.synchronize()
             e = relerr(device.read(c), ref)
             if not e <= 1e-3:
-                bad.append(f"call {i}: {m}x{n}x{k} splits {splits}: relerr {e}")
+                bad.append(f"call {i}: {name} {m}x{n}x{k} splits {splits}: relerr {e}")
     assert not bad, "\n".join(bad[:20])
+    assert ws.is_zero(), "the atomic split left its workspace dirty"
 
 
 def test_bad_knobs_are_error_codes(libs):
@@ -197,5 +237,14 @@ def test_bad_knobs_are_error_codes(libs):
     _, unsplit = libs["nk_wide_160"]
     with pytest.raises(LaunchError, match="L2GEN_ERR_KNOB"):
         unsplit.launch(*buffers, m, n, k, k, k, n, Knobs(splits=2), None, 0, None)
+    _, atomic = libs["kn_128_atomic"]
+    need = atomic.workspace_size(m, n, k, Knobs(splits=2))
+    assert need > 0
+    with pytest.raises(LaunchError, match="L2GEN_ERR_WORKSPACE"):  # none given
+        atomic.launch(*buffers, m, n, k, k, n, n, Knobs(splits=2), None, 0, None)
+    small = DeviceBuffer(need - 16)
+    with pytest.raises(LaunchError, match="L2GEN_ERR_WORKSPACE"):  # too small
+        atomic.launch(*buffers, m, n, k, k, n, n, Knobs(splits=2), small, need - 16, None)
+    small.free()
     for buf in buffers:
         buf.free()
