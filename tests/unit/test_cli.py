@@ -339,3 +339,14 @@ def test_tune_and_db_refuse_a_database_of_another_protocol(tmp_path, capsys):
     assert main(["db", "import-bench", str(old), "--db", str(tmp_path / "old.db")]) == 0
     assert main(["db", "show", "--db", str(tmp_path / "old.db")]) == 0
     assert "(l2 dirty)" in capsys.readouterr().out
+
+
+def test_the_shipped_suites_load():
+    from l2gen.cli_run import load_suite, suite_layout
+
+    root = Path(__file__).resolve().parents[2] / "suites"
+    llm = load_suite(str(root / "llm.json"))
+    assert len(llm) == 44 and suite_layout(str(root / "llm.json")) == "nk"
+    public = set(load_suite(str(root / "public.json")))
+    modes = load_suite(str(root / "modes.json"))
+    assert len(modes) == 5 and set(modes) <= public and suite_layout(str(root / "public.json")) is None
