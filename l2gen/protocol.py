@@ -123,8 +123,8 @@ class Protocol:
         if self.mode == "server":
             extra = f" at {self.qps:g} calls/s"
         elif self.mode == "graph":
-            extra = f", up to {self.graph_calls} calls per graph"
-        return f"{self.mode} mode, l2 {self.l2}{extra}"
+            extra = f" (up to {self.graph_calls} calls per graph)"
+        return f"{self.mode} mode{extra}, l2 {self.l2}"
 
     def comparable(self, other: "Protocol") -> bool:
         """Whether ratios measured under the two can be compared (the seed aside)."""
