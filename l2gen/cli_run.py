@@ -124,7 +124,8 @@ def cmd_sample(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench, format_table
+    from .bench import bench
+    from .report import format_table
     from .parse import parse_file
     from .probes import ProbeError
     from .runtime import device_count
