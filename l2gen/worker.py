@@ -435,6 +435,7 @@ def _assemble(task, order, done, baselines, result) -> dict:
         "status": "ok" if result.get("status") == "ok" else result.get("status", "run_error"),
         "error": None if result.get("status") == "ok" else result.get("error"),
         "device": result.get("device"),
+        "protocol": result.get("protocol"),
         "candidates": [done[name] for name in order],
         "baselines": baselines,
     }
