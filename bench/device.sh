@@ -4,7 +4,12 @@
 # packed as results.tgz, to $OUT (the device tool's folder, which takes back few files) or ./out.
 #
 #   bash bench/device.sh info gputests bench bench2 compare
+#   bash bench/device.sh llm llm2 llmcompare graph server
 #   bash bench/device.sh tune-random tune-embedded shipdb dbbench dispatch pack
+#
+# Every bench step times under an L2 protocol (BENCH_L2, default clean: a read pass over
+# 4x the L2 before each run; dirty: the written flush every result before it used) and
+# records it, with the launch floor, stream rate and peak it measured, in its results.
 #
 # Steps:
 #   info           GPU, driver, nvcc, torch
@@ -13,6 +18,13 @@
 #   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite, BENCH_REPS timed runs
 #                  in each of BENCH_ROUNDS rounds; bench2 is a second, independent run;
 #                  'compare' says which ratios reproduce between them
+#   llm, llm2      the baselines alone on $LLM_SUITE (suites/llm.json: nn.Linear shapes, B
+#                  stored N x K), twice; 'llmcompare' says which baseline ratios reproduce
+#   graph          the example programs on $MODES_SUITE (suites/modes.json) in graph mode:
+#                  calls back to back in one CUDA graph over rotated inputs
+#                  (GRAPH_CALLS most per graph)
+#   server         the same in server mode: Poisson arrivals at QPS (100) calls per second,
+#                  SERVER_REPS (30) calls per runner, event and wall time per call
 #   tune-random, tune-embedded
 #                  l2gen tune on the suite, TUNE_BUDGET candidates per shape, TUNE_PARALLEL
 #                  shapes at once, TUNE_BUNDLE programs per nvcc run; databases, curves and
@@ -22,7 +34,8 @@
 #                  results files in $SHIP_BENCH) into $RESULTS/kernels_h200.db
 #   dbtop          bench each shape's TOP (3) best programs of $TOP_DB afresh
 #   dbbench        bench each shape's best program of $DB (default the shipped one) in a
-#                  fresh process; compare it with the database's records
+#                  fresh process; compare it with the database's records (refused, exit 2,
+#                  unless BENCH_L2 is the database's protocol: the shipped one is dirty)
 #   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
 #                  (results named $DISPATCH_NAME, default dispatch)
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
@@ -83,12 +96,36 @@ for step in "$@"; do
     bench|bench2)
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} \
-        --suite "$SUITE" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" -o "$RESULTS/$step.json" \
-        2> "$RESULTS/$step.log" > "$RESULTS/$step.txt" || status=1
-      tail -28 "$RESULTS/$step.txt"
+        --suite "$SUITE" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" \
+        -o "$RESULTS/$step.json" 2> "$RESULTS/$step.log" > "$RESULTS/$step.txt" || status=1
+      tail -30 "$RESULTS/$step.txt"
       ;;
     compare)
       $L2GEN compare "$RESULTS/bench.json" "$RESULTS/bench2.json" -o "$RESULTS/compare.json" || status=1
+      ;;
+    llm|llm2)
+      # no programs: the five baselines alone; the suite's "b": "nk" sets the B layout
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --suite "${LLM_SUITE:-suites/llm.json}" \
+        --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" --no-plot \
+        -o "$RESULTS/$step.json" 2> "$RESULTS/$step.log" > "$RESULTS/$step.txt" || status=1
+      tail -50 "$RESULTS/$step.txt"
+      ;;
+    llmcompare)
+      $L2GEN compare "$RESULTS/llm.json" "$RESULTS/llm2.json" -o "$RESULTS/llmcompare.json" || status=1
+      ;;
+    graph)
+      # shellcheck disable=SC2086
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} --suite "${MODES_SUITE:-suites/modes.json}" \
+        --mode graph --graph-calls "${GRAPH_CALLS:-100}" --l2 "${BENCH_L2:-clean}" --reps "${BENCH_REPS:-50}" \
+        -o "$RESULTS/graph.json" 2> "$RESULTS/graph.log" > "$RESULTS/graph.txt" || status=1
+      tail -30 "$RESULTS/graph.txt"
+      ;;
+    server)
+      # shellcheck disable=SC2086
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} --suite "${MODES_SUITE:-suites/modes.json}" \
+        --mode server --qps "${QPS:-100}" --seed "${SERVER_SEED:-0}" --l2 "${BENCH_L2:-clean}" --reps "${SERVER_REPS:-30}" \
+        -o "$RESULTS/server.json" 2> "$RESULTS/server.log" > "$RESULTS/server.txt" || status=1
+      tail -60 "$RESULTS/server.txt"
       ;;
     tune-random|tune-embedded)
       policy=${step#tune-}
@@ -109,7 +146,7 @@ for step in "$@"; do
       # state and the curves are written); rerunning with the same database resumes.
       timeout -s INT -k 90 "${TUNE_TIMEOUT:-580}" $L2GEN tune --suite "$SUITE" --budget "${TUNE_BUDGET:-8}" \
         --batch "$batch" --parallel "${TUNE_PARALLEL:-6}" --bundle "${TUNE_BUNDLE:-2}" \
-        --policy "$policy" --seed "${TUNE_SEED:-1}" "${extra[@]}" \
+        --policy "$policy" --seed "${TUNE_SEED:-1}" --l2 "${BENCH_L2:-clean}" "${extra[@]}" \
         --db "$RESULTS/tune-$policy.db" --curves "$RESULTS/curves-$policy.json" \
         2> "$RESULTS/tune-$policy.log" | tee "$RESULTS/tune-$policy.txt" || status=1
       grep -c "build.*FAILED\|Traceback" "$RESULTS/tune-$policy.log"
@@ -131,18 +168,20 @@ for step in "$@"; do
       # each shape's TOP best programs of $TOP_DB (default the shipped database), measured
       # afresh: bench rows that shipdb can import (SHIP_BENCH) to rebuild a database
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "${TOP_DB:-l2gen/data/kernels_h200.db}" --top "${TOP:-3}" \
-        --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" -o "$RESULTS/dbtop.json" \
+        --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" -o "$RESULTS/dbtop.json" \
         2> "$RESULTS/dbtop.log" > "$RESULTS/dbtop.txt" || status=1
       tail -28 "$RESULTS/dbtop.txt"
       ;;
     dbbench)
-      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "$DB" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" -o "$RESULTS/dbbench.json" \
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "$DB" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" \
+        --l2 "${BENCH_L2:-clean}" -o "$RESULTS/dbbench.json" \
         2> "$RESULTS/dbbench.log" > "$RESULTS/dbbench.txt" || status=1
       tail -28 "$RESULTS/dbbench.txt"
       $L2GEN compare --db "$DB" "$RESULTS/dbbench.json" --all -o "$RESULTS/dbcompare.json" || status=1
       ;;
     dispatch)
-      timeout "${DISPATCH_TIMEOUT:-300}" $L2GEN bench-dispatch --db "$DB" --suite "$SUITE" -o "$RESULTS/${DISPATCH_NAME:-dispatch}.json" \
+      timeout "${DISPATCH_TIMEOUT:-300}" $L2GEN bench-dispatch --db "$DB" --suite "$SUITE" --l2 "${BENCH_L2:-clean}" \
+        -o "$RESULTS/${DISPATCH_NAME:-dispatch}.json" \
         2> "$RESULTS/${DISPATCH_NAME:-dispatch}.log" || status=1
       ;;
     overhead)

@@ -6,11 +6,11 @@
   (the other operand order; its C is verified transposed);
 * ``cublaslt_heuristic``: cuBLASLt with its heuristic's first algorithm;
 * ``cublaslt_autotuned``: cuBLASLt with the fastest of the heuristic's first 16 algorithms.
-  They are timed round-robin once per shape and process (median, L2 flushed); the
-  :data:`AUTOTUNE_FINALISTS` fastest then go into the measurement's own interleaved,
-  pooled timing as well, and the fastest there is the baseline's time. A pick made in one
-  short stretch of time moved between runs (592.5 against 605.6 µs at 4096x12288x4096);
-  the pooled timing is the one that reproduces.
+  They are timed round-robin once per shape and process (median, the L2 flushed by the
+  measurement's protocol); the :data:`AUTOTUNE_FINALISTS` fastest then go into the
+  measurement's own interleaved, pooled timing as well, and the fastest there is the
+  baseline's time. A pick made in one short stretch of time moved between runs (592.5
+  against 605.6 µs at 4096x12288x4096); the pooled timing is the one that reproduces.
 
 All fp16 in and out with fp32 compute (``CUBLAS_COMPUTE_32F``); cuBLAS and cuBLASLt get a
 32 MB workspace each. "cuBLAS-best" (:func:`cublas_best`) is the fastest of those measured.
@@ -21,11 +21,7 @@ nvcc against ``toolchain.cublas_dirs()`` and cached beside the kernel build cach
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shlex
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -83,7 +79,7 @@ def build_shim(*, timeout: float = 600, force: bool = False) -> Path:
     Raises ShimError (with the command and nvcc's output) when cuBLAS or nvcc is missing or
     the build fails.
     """
-    from .build import cache_dir
+    from .build import HelperBuildError, build_helper
     from .toolchain import ToolchainError, cublas_dirs, find_nvcc
 
     try:
@@ -95,30 +91,12 @@ def build_shim(*, timeout: float = 600, force: bool = False) -> Path:
         raise ShimError("cuBLAS headers and libraries not found (pip install nvidia-cublas, "
                         "or point CUDA_HOME at a toolkit that has them)")
     include_dir, lib_dir = dirs
-    probe = shim_command(nvcc, include_dir, lib_dir, "OUT")
-    h = hashlib.sha256()
-    for part in (SHIM_SOURCE.read_text(), *probe, SHIM_VERSION):
-        h.update(part.encode())
-        h.update(b"\0")
-    folder = cache_dir() / "baselines"
-    library = folder / f"cublas_shim-{h.hexdigest()[:16]}.so"
-    if library.is_file() and not force:
-        return library
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".cublas_shim-", suffix=".so", dir=folder)
-    os.close(fd)
-    command = shim_command(nvcc, include_dir, lib_dir, tmp)
     try:
-        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        os.unlink(tmp)
-        raise ShimError(f"{shlex.join(command)}\n{e}") from None
-    if run.returncode != 0:
-        os.unlink(tmp)
-        raise ShimError(f"building the cuBLAS shim failed:\n{shlex.join(command)}\n"
-                        f"{(run.stdout + run.stderr).strip()}")
-    os.replace(tmp, library)  # atomic: a reader sees the whole library or none
-    return library
+        return build_helper("the cuBLAS shim", "baselines", "cublas_shim", SHIM_SOURCE,
+                            lambda out: shim_command(nvcc, include_dir, lib_dir, out),
+                            version=SHIM_VERSION, timeout=timeout, force=force)
+    except HelperBuildError as e:
+        raise ShimError(str(e)) from None
 
 
 # ---- the shim at run time -------------------------------------------------------------
@@ -140,7 +118,7 @@ class Shim:
         d.l2gen_cublas_gemm.argtypes, d.l2gen_cublas_gemm.restype = _GEMM_ARGS, _int
         d.l2gen_cublaslt_gemm.argtypes, d.l2gen_cublaslt_gemm.restype = _GEMM_ARGS, _int
         d.l2gen_cublaslt_autotune.argtypes = [
-            _vp, _vp, _vp, _int, _int, _int, _int, _vp, ctypes.c_size_t, _int, _vp,
+            _vp, _vp, _vp, _int, _int, _int, _int, _vp, _vp, _int, _vp,
             ctypes.POINTER(_int), ctypes.POINTER(_int), ctypes.POINTER(ctypes.c_float),
         ]
         d.l2gen_cublaslt_autotune.restype = _int
@@ -163,11 +141,12 @@ class Shim:
                     "cublasLtMatmul")
 
     def autotune(self, a: int, b: int, c: int, m: int, n: int, k: int, nk: bool,
-                 flush_ptr: int, flush_bytes: int, reps: int, stream: int) -> tuple[int, int, float]:
-        """(algorithms timed, index chosen, its median µs); cached per shape in the shim."""
+                 flush_function: int, flush_context: int, reps: int, stream: int) -> tuple[int, int, float]:
+        """(algorithms timed, index chosen, its median µs); cached per shape in the shim.
+        ``flush_function(flush_context, stream)`` runs before each timed run (0: none)."""
         tried, chosen, best = _int(), _int(), ctypes.c_float()
         self._check(self._dll.l2gen_cublaslt_autotune(
-            a, b, c, m, n, k, int(nk), flush_ptr, flush_bytes, reps, stream,
+            a, b, c, m, n, k, int(nk), flush_function or None, flush_context or None, reps, stream,
             ctypes.byref(tried), ctypes.byref(chosen), ctypes.byref(best)),
             "cublasLt autotune")
         return tried.value, chosen.value, best.value
@@ -220,9 +199,11 @@ class Baselines:
         """A callable ``run(stream)`` enqueueing baseline ``name`` on A, B, C.
 
         ``a``, ``b``, ``c``: :class:`runtime.DeviceArray` (C shaped N x M for
-        ``cublas_tt``). ``cublaslt_autotuned`` tunes here, on ``stream``, flushing the L2
-        with ``flush`` (an :class:`timing.L2Flush`) before each timed run; ``rank`` picks
-        the tuner's fastest (1), second fastest (2), ...
+        ``cublas_tt``). ``cublaslt_autotuned`` tunes here, on ``stream``, leaving the L2
+        as ``flush`` (a :class:`probes.Flush`; None: no flush) says before each timed run;
+        ``rank`` picks the tuner's fastest (1), second fastest (2), ... A process tunes a
+        shape once: the protocol of the first call that needs it decides its candidates,
+        which the measurement then times again under its own protocol.
         """
         if name in self.unavailable:
             raise ShimError(f"{name}: {self.unavailable[name]}")
@@ -240,9 +221,8 @@ class Baselines:
         if name == "cublaslt_autotuned":
             key = (m, n, k, nk)
             if key not in self.tuning:
-                fptr = flush.buffer.ptr if flush is not None else 0
-                fbytes = flush.nbytes if flush is not None else 0
-                self.tuning[key] = shim.autotune(pa, pb, pc, m, n, k, nk, fptr, fbytes,
+                function, context = (flush.function, flush.context) if flush is not None else (0, 0)
+                self.tuning[key] = shim.autotune(pa, pb, pc, m, n, k, nk, function, context,
                                                  AUTOTUNE_REPS, stream)
             return lambda s: shim.cublaslt(rank, pa, pb, pc, m, n, k, nk, s)
         raise ValueError(f"unknown baseline {name!r} (known: {', '.join(BASELINES)})")

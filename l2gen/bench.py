@@ -1,15 +1,26 @@
 """Bench: programs x shapes against the cuBLAS baselines, into a results file and a table.
 
 For each shape one worker task verifies, then times interleaved, the baselines and every
-program that serves the shape (one whose B layout is the bench's, "kn" for ``C = A @ B``):
-the ratio of a program to the baselines comes from one process and one stretch of time.
-A program that is rejected, fails to build, crashes, hangs, computes a wrong answer or
-escapes the timed stream gets a row with its status and error and no time.
+program that serves the shape (one whose B layout is the bench's, "kn" for ``C = A @ B``,
+"nk" for ``C = A @ W.T``): the ratio of a program to the baselines comes from one process
+and one stretch of time. A program that is rejected, fails to build, crashes, hangs,
+computes a wrong answer, escapes the timed stream or (graph mode) cannot be captured in a
+CUDA graph gets a row with its status and error and no time. With no programs, the
+baselines alone are timed (their times are in ``shapes``).
+
+Every run is timed under one protocol (:mod:`l2gen.protocol`; default: events mode with a
+clean-cold L2), recorded at the top of the file, and starts with a worker "probe" task that
+measures the run's floors (:class:`~l2gen.protocol.Floors`: the launch floor under that
+protocol, the stream rate, the fp16 peak) in the process that times everything else.
 
 The results file (JSON)::
 
     {"gpu": target name, "device": the CUDA device's name (null if none ran),
      "date": ISO 8601 UTC, "commit": git sha of the l2gen checkout or null,
+     "mode": "events" | "graph" | "server", "l2": "clean" | "dirty" | "warm" (a file
+     without these was timed in events mode with the written flush: dirty), "qps" and
+     "seed" (server), "graph_calls" (graph: the most calls per graph), "b_layout",
+     "floors": {"launch_floor_us", "stream_tbs", "peak_tflops", and how each was had},
      "nvcc": version or null, "reps": timed runs per median and round (4x for shapes whose
      floor is under 5 µs, see reps_for), "rounds": timing rounds, each on fresh buffers
      (the median pools them), "seeds": input sets verified,
@@ -18,13 +29,19 @@ The results file (JSON)::
                "cublas_us", "cublas_tt_us", "cublaslt_heuristic_us",
                "cublaslt_autotuned_us"}, "cublas_best_us", "speedup_vs_best",
                with rounds > 1 also "round_us": [per-round median],
-               "baseline_round_us": {"<baseline>_us": [...]}}],
+               "baseline_round_us": {"<baseline>_us": [...]}; in graph or server mode
+               "graph" / "server" (that mode's figures: calls, medians and means) and
+               "baseline_graph" / "baseline_server" ({"<baseline>_us": {...}})}],
      "shapes": [{"m", "n", "k", "best_program", "l2gen_us", "baselines",
-                 "baseline_errors", "cublas_best_us", "speedup_vs_best"}]}
+                 "baseline_errors", "cublas_best_us", "speedup_vs_best",
+                 in server mode also "baseline_server"}]}
 
 ``rows`` has one row per (program, shape); ``shapes`` is the per-shape summary: the fastest
-program that passed (null when none did) against cuBLAS-best. Times are medians in µs;
-``floor_pct`` is ``100 * Gpu.floor_us / l2gen_us``; ``speedup_vs_best`` is
+program that passed (null when none did) against cuBLAS-best. Times are medians in µs: of
+the runs (events mode), of replays over the calls in one graph (graph), of the calls'
+event times (server). ``floor_pct`` is ``100 * floor / l2gen_us`` with the floor
+``max(launch floor, bytes / stream rate, FLOPs / peak)`` from this run's ``floors``;
+``speedup_vs_best`` is
 ``cublas_best_us / l2gen_us``; a baseline time is null where it was unavailable or failed
 (``baseline_errors`` says why). ``cublas_tt`` is cublasGemmEx with both operands transposed
 (C written column-major), ``cublas`` the usual row-major swap.
@@ -44,12 +61,16 @@ from typing import Callable, Collection, Mapping, Sequence
 
 from .baselines import BASELINES, ShimError, build_shim, cublas_best, result_key
 from .ir import Program
+from .modes import GRAPH_REPLAYS, graph_calls_for
 from .printer import format_program
+from .probes import build_probes
+from .protocol import Floors, Protocol
 from .search.base import Shape
 from .search.evaluate import build_program
 from .targets import Gpu
 from .timing import DEFAULT_ROUNDS
 from .toolchain import found_nvcc_version
+from .report import _fmt, format_table, plot_speedups  # noqa: F401  (format_table: bench's table, here too)
 from .worker import Worker, knobs_to_dict, measure
 
 Progress = Callable[[str], None]
@@ -73,12 +94,43 @@ def reps_for(shape: Shape, gpu: Gpu, reps: int) -> int:
     return reps * SHORT_REPS_FACTOR if gpu.floor_us(shape.m, shape.n, shape.k) < SHORT_KERNEL_US else reps
 
 
-def task_timeout(shape: Shape, gpu: Gpu, runners: int) -> float:
+def task_timeout(shape: Shape, gpu: Gpu, runners: int, protocol: Protocol = Protocol(), reps: int = 50) -> float:
     """Seconds a shape's task may take: setup, plus per runner about 70 runs (verify,
     warm-up, timed, escape batch) of a kernel up to 50x slower than the floor, plus
-    building the inputs and the reference."""
+    building the inputs and the reference; in graph mode the replays, in server mode the
+    gaps of its schedule (at least twice their expected length)."""
     per_run = 50 * gpu.floor_us(shape.m, shape.n, shape.k) / 1e6
-    return 120.0 + runners * (20.0 + 100 * per_run)
+    extra = 0.0
+    if protocol.mode == "graph":
+        extra = GRAPH_REPLAYS * protocol.graph_calls * per_run
+    elif protocol.mode == "server":
+        extra = reps * (2.0 / protocol.qps + per_run)
+    return 120.0 + runners * (20.0 + 100 * per_run + extra)
+
+
+def shape_protocol(protocol: Protocol, shape: Shape, gpu: Gpu) -> Protocol:
+    """The protocol of one shape's task: in graph mode, as many calls per graph as make a
+    replay of about 10 ms of the shape's floor, at most the run's ``graph_calls``."""
+    if protocol.mode != "graph":
+        return protocol
+    from dataclasses import replace
+
+    return replace(protocol, graph_calls=graph_calls_for(gpu.floor_us(shape.m, shape.n, shape.k), protocol.graph_calls))
+
+
+def probe_floors(worker: Worker, gpu: Gpu, protocol: Protocol, *, shim: str | None, probes: str,
+                 reps: int = 50, say: Progress = lambda line: None) -> Floors:
+    """This run's floors, measured by the worker ("probe" task); what it could not measure
+    comes from the target record, with the reason."""
+    task = {"kind": "probe", **protocol.to_dict(), "shim": shim, "probes": probes, "reps": reps}
+    result = worker.run(task, 600)
+    if result.get("status") != "ok":
+        first = (result.get("error") or "no reason given").strip().splitlines()
+        say(f"[bench] the floors could not be measured: {first[0] if first else ''}")
+    floors = Floors.from_probe(result if result.get("status") == "ok" else {"error": result.get("error")}, gpu)
+    say(f"[bench] floors: launch {_fmt(floors.launch_us, '.2f')} us, stream {floors.stream_tbs:.2f} TB/s, "
+        f"peak {floors.peak_tflops:.0f} TFLOP/s")
+    return floors
 
 
 def bench(
@@ -98,10 +150,12 @@ def bench(
     build_timeout: float = 600,
     worker: Worker | None = None,
     only: Mapping[Shape, Collection[str]] | None = None,
+    protocol: Protocol = Protocol(),
 ) -> dict:
-    """Lower, build and measure ``programs`` on ``shapes``; write ``out_json`` (after every
-    shape, so an interrupted run keeps what it measured). Returns the results (the file's
-    content).
+    """Lower, build and measure ``programs`` on ``shapes`` under ``protocol``; write
+    ``out_json`` (after every shape, so an interrupted run keeps what it measured). Returns
+    the results (the file's content). Raises :class:`l2gen.probes.ProbeError` if the timing
+    probes cannot be built: nothing can be timed without them.
 
     Each program is built from :func:`~l2gen.search.evaluate.build_program` (its knobs at
     their defaults) and launched with its own knobs, so knob variants share one library,
@@ -152,6 +206,9 @@ def bench(
             shim_error = str(e)
             say(f"[bench] cuBLAS baselines unavailable: {shim_error.splitlines()[0]}")
             wanted = [b for b in wanted if not b.startswith("cublas")]
+    probes = str(build_probes(timeout=build_timeout))
+    if not programs:
+        say("[bench] no programs: timing the baselines alone")
     serving = [p for p in programs if p.b_layout.value == b_layout]
     for p in programs:
         if p.b_layout.value != b_layout:
@@ -161,11 +218,16 @@ def bench(
     results = {
         "gpu": gpu.name, "device": None, "date": datetime.now(timezone.utc).isoformat(
             timespec="seconds"), "commit": git_commit(), "nvcc": found_nvcc_version(),
-        "reps": reps, "rounds": rounds, "seeds": seeds, "rows": [], "shapes": [],
+        **protocol.to_dict(), "b_layout": b_layout, "reps": reps,
+        "rounds": rounds if protocol.mode == "events" else 1, "seeds": seeds, "floors": None,
+        "rows": [], "shapes": [],
     }
+    say(f"[bench] timing in {protocol.describe()}")
     own_worker = worker is None
     worker = worker or Worker()
     try:
+        floors = probe_floors(worker, gpu, protocol, shim=shim, probes=probes, reps=reps, say=say)
+        results["floors"] = floors.to_dict()
         for i, shape in enumerate(shapes, 1):
             here = [p for p in serving if only is None or shape not in only or p.name in only[shape]]
             candidates = [
@@ -176,11 +238,14 @@ def bench(
             ]
             say(f"[bench] {i}/{len(shapes)} {shape}: {len(candidates)} program(s), "
                 f"{len(wanted)} baseline(s)")
+            here_protocol = shape_protocol(protocol, shape, gpu)
+            shape_reps = reps_for(shape, gpu, reps)
             task = {"kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k,
                     "b_layout": b_layout, "candidates": candidates, "baselines": wanted,
-                    "shim": shim, "seeds": seeds, "reps": reps_for(shape, gpu, reps),
-                    "rounds": rounds}
-            outcome = measure(worker, task, task_timeout(shape, gpu, len(candidates) + len(wanted)))
+                    "shim": shim, "probes": probes, "seeds": seeds, "reps": shape_reps,
+                    "rounds": rounds, **here_protocol.to_dict()}
+            outcome = measure(worker, task, task_timeout(shape, gpu, len(candidates) + len(wanted),
+                                                         here_protocol, shape_reps))
             if outcome.get("device"):
                 results["device"] = outcome["device"].get("name")
             base = dict(outcome.get("baselines", {}))
@@ -199,7 +264,7 @@ def bench(
                                                    "error": outcome.get("error"),
                                                    "time_us": None, "relerr": None}
                 rows.append(make_row(shape, p.name, texts[p.name], cand,
-                                     cand.get("baselines", base), gpu, baselines))
+                                     cand.get("baselines", base), floors, baselines))
                 say(f"[bench]   {p.name}: {_row_brief(rows[-1])}")
             results["rows"] += rows
             results["shapes"].append(shape_summary(shape, rows, base, baselines))
@@ -223,9 +288,10 @@ def _finite(x) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def make_row(shape: Shape, program: str, text: str, cand: dict, base: dict, gpu: Gpu,
+def make_row(shape: Shape, program: str, text: str, cand: dict, base: dict, floors: Floors,
              names: Sequence[str] = BASELINES) -> dict:
-    """One results row from a candidate's result and its baselines' results."""
+    """One results row from a candidate's result and its baselines' results; ``floors``
+    are the run's (:func:`probe_floors`)."""
     times = {result_key(n): (_finite(base[n].get("time_us"))
                              if n in base and base[n].get("status") == "ok" else None)
              for n in names}
@@ -241,12 +307,28 @@ def make_row(shape: Shape, program: str, text: str, cand: dict, base: dict, gpu:
         "status": status,
         "error": None if status == "ok" else cand.get("error"),
         "tflops": flops / (t * 1e6) if t else None,
-        "floor_pct": 100.0 * gpu.floor_us(shape.m, shape.n, shape.k) / t if t else None,
+        "floor_pct": 100.0 * floors.floor_us(shape.m, shape.n, shape.k) / t if t else None,
         "baselines": times,
         "cublas_best_us": best,
         "speedup_vs_best": best / t if t and best else None,
         **_rounds(cand, base, names),
+        **_mode_figures(cand, base, names),
     }
+
+
+MODE_FIGURES = ("graph", "server")  # the keys a graph- or server-mode result adds
+
+
+def _mode_figures(cand: dict, base: dict, names: Sequence[str]) -> dict:
+    """Graph or server mode: the program's own figures and each baseline's."""
+    out = {}
+    for mode in MODE_FIGURES:
+        if mode in cand:
+            out[mode] = cand[mode]
+        per_baseline = {result_key(n): base[n][mode] for n in names if n in base and mode in base[n]}
+        if per_baseline:
+            out[f"baseline_{mode}"] = per_baseline
+    return out
 
 
 def _rounds(cand: dict, base: dict, names: Sequence[str]) -> dict:
@@ -278,6 +360,7 @@ def shape_summary(shape: Shape, rows: Sequence[dict], base: dict,
                             if n in base and base[n].get("status") != "ok"},
         "cublas_best_us": best,
         "speedup_vs_best": best / t if t and best else None,
+        **{k: v for k, v in _mode_figures({}, base, names).items() if k == "baseline_server"},
     }
 
 
@@ -316,95 +399,3 @@ def git_commit() -> str | None:
         return None
     sha = run.stdout.strip()
     return sha if run.returncode == 0 and sha else None
-
-
-# ---- the table and the plot -----------------------------------------------------------
-
-_SHORT = {"torch_matmul": "torch", "cublas": "cublas", "cublas_tt": "cublasTT",
-          "cublaslt_heuristic": "lt", "cublaslt_autotuned": "lt_auto"}
-
-
-def _fmt(x, spec: str, missing: str = "-") -> str:
-    return missing if x is None else format(x, spec)
-
-
-def format_table(results: dict) -> str:
-    """The terminal table: a row per (shape, program) with time, TFLOP/s, % of the floor,
-    speedup over each baseline and over cuBLAS-best, relerr; then the baselines' times."""
-    names = _baseline_names(results)
-    head = ["shape", "program", "status", "us", "TFLOP/s", "floor%"]
-    head += [f"x{_SHORT.get(n, n)}" for n in names] + ["xbest", "relerr"]
-    body = []
-    for r in results["rows"]:
-        shape = f"{r['m']}x{r['n']}x{r['k']}"
-        t = r["l2gen_us"]
-        line = [shape, r["program"], r["status"], _fmt(t, ".2f"), _fmt(r["tflops"], ".1f"),
-                _fmt(r["floor_pct"], ".1f")]
-        for n in names:
-            b = r["baselines"].get(result_key(n))
-            line.append(_fmt(b / t if b and t else None, ".2f"))
-        line += [_fmt(r["speedup_vs_best"], ".2f"), _fmt(r["relerr"], ".1e")]
-        body.append(line)
-    out = [_columns(head, body, {0, 1, 2})]
-    failures = [r for r in results["rows"] if r["status"] != "ok" and r.get("error")]
-    for r in failures:
-        first = r["error"].strip().splitlines()[0] if r["error"].strip() else ""
-        out.append(f"  {r['m']}x{r['n']}x{r['k']} {r['program']}: {r['status']}: {first}")
-    if results.get("shapes"):
-        bhead = ["shape"] + [f"{_SHORT.get(n, n)} us" for n in names] + ["best us", "best program", "xbest"]
-        brows = []
-        for s in results["shapes"]:
-            line = [f"{s['m']}x{s['n']}x{s['k']}"]
-            line += [_fmt(s["baselines"].get(result_key(n)), ".2f") for n in names]
-            line += [_fmt(s["cublas_best_us"], ".2f"), s["best_program"] or "-",
-                     _fmt(s["speedup_vs_best"], ".2f")]
-            brows.append(line)
-        out += ["", _columns(bhead, brows, {0, len(bhead) - 2})]
-    return "\n".join(out)
-
-
-def _baseline_names(results: dict) -> list[str]:
-    seen = []
-    for r in results.get("rows", []) + results.get("shapes", []):
-        for key in r["baselines"]:
-            name = key[:-3] if key.endswith("_us") else key
-            if name not in seen:
-                seen.append(name)
-    return seen or list(BASELINES)
-
-
-def _columns(head: list[str], rows: list[list[str]], left: set[int]) -> str:
-    """Aligned columns: those in ``left`` (text) to the left, numbers to the right."""
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-
-    def line(cells):
-        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
-def plot_speedups(results: dict, path: Path | str) -> bool:
-    """A bar per shape: the best program's speedup over cuBLAS-best (1.0 marked).
-    Returns False, writing nothing, when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    shapes = results.get("shapes", [])
-    labels = [f"{s['m']}x{s['n']}x{s['k']}" for s in shapes]
-    values = [s["speedup_vs_best"] or 0.0 for s in shapes]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(shapes) + 2), 4.5))
-    colors = ["tab:green" if v >= 1 else ("tab:red" if v == 0 else "tab:orange") for v in values]
-    ax.bar(range(len(values)), values, color=colors)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(values)), labels, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("speedup over cuBLAS-best")
-    ax.set_title(f"l2gen on {results.get('device') or results.get('gpu')} "
-                 f"(best program per shape; 0 = none passed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True

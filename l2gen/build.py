@@ -537,3 +537,44 @@ def _alias_members(unit: _Unit, result: BuildResult, toolchain: Toolchain, force
                 shutil.rmtree(work, ignore_errors=True)
         except OSError:
             pass  # an alias only saves a later rebuild
+
+
+# ---- helper libraries -----------------------------------------------------------------
+
+
+class HelperBuildError(RuntimeError):
+    """A helper library (the cuBLAS shim, the timing probes) could not be built; the
+    message has the command and nvcc's output."""
+
+
+def build_helper(what: str, folder: str, stem: str, source: Path, command: Callable[[str], list[str]],
+                 *, version: str, timeout: float = 600, force: bool = False) -> Path:
+    """Build a library from one hand-written ``.cu`` file (or find it in the cache) and
+    return its path: ``<cache>/<folder>/<stem>-<hash>.so``, the hash over the source, the
+    command (``command("OUT")``) and ``version``. ``command(out)`` is the nvcc command line
+    that writes the library to ``out``; ``what`` names the library in errors.
+
+    The library is written to a temporary name and renamed into place, so a reader sees
+    the whole library or none. Raises :class:`HelperBuildError`."""
+    h = sha256()
+    for part in (source.read_text(), *command("OUT"), version):
+        h.update(part.encode())
+        h.update(b"\0")
+    target = cache_dir() / folder
+    library = target / f"{stem}-{h.hexdigest()[:16]}.so"
+    if library.is_file() and not force:
+        return library
+    target.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}-", suffix=".so", dir=target)
+    os.close(fd)
+    args = command(tmp)
+    try:
+        run = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        os.unlink(tmp)
+        raise HelperBuildError(f"{shlex.join(args)}\n{e}") from None
+    if run.returncode != 0:
+        os.unlink(tmp)
+        raise HelperBuildError(f"building {what} failed:\n{shlex.join(args)}\n{(run.stdout + run.stderr).strip()}")
+    os.replace(tmp, library)
+    return library

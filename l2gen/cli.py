@@ -26,6 +26,16 @@ def fail(code: str, message: str) -> DiagnosticError:
     return DiagnosticError([Diagnostic(code, message)])
 
 
+class UsageError(DiagnosticError):
+    """A request the command refuses as asked (exit 2): a protocol that does not exist, two
+    things measured under different protocols to be compared, ..."""
+
+
+def usage(code: str, message: str) -> UsageError:
+    """A :class:`UsageError` with one diagnostic and no source location."""
+    return UsageError([Diagnostic(code, message)])
+
+
 def _load(paths: list[str], gpu: Gpu, *, check_too: bool = True) -> tuple[list[tuple[str, Program]], bool]:
     """Parse (and check) files; print diagnostics; return the good programs and an ok flag."""
     from .check import check
@@ -108,14 +118,20 @@ def cmd_compile(args) -> int:
     return EXIT_OK if ok else EXIT_FAIL
 
 
-def recorded_best(args) -> dict:
-    """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``."""
-    from .db import DatabaseError, KernelDB
+def recorded_best(args, l2: str | None = None) -> dict:
+    """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``, among the
+    measurements made under the L2 protocol ``l2`` (None: the database's own); a database
+    measured under another protocol is refused (exit 2)."""
+    from .db import DatabaseError, KernelDB, ProtocolMismatchError
 
     try:
         db = KernelDB(args.db, readonly=True)
         db.check_gpu(args.gpu)
+        if l2 is not None:
+            db.check_l2(l2)
         return db.best_all(args.gpu)
+    except ProtocolMismatchError as exc:
+        raise usage("E-PROTOCOL", str(exc)) from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
 
@@ -207,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
     try:
         return args.func(args)
+    except UsageError as exc:
+        for d in exc.diagnostics:
+            eprint(d)
+        return EXIT_USAGE
     except DiagnosticError as exc:
         for d in exc.diagnostics:
             eprint(d)

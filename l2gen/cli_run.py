@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import EXIT_FAIL, EXIT_OK, eprint, fail, recorded_best
+from .cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best, usage
 from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Span
+from .protocol import DEFAULT_GRAPH_CALLS, DEFAULT_L2, DEFAULT_QPS, L2_PROTOCOLS, MODES
 from .timing import DEFAULT_ROUNDS
 
 
@@ -43,6 +44,40 @@ def load_suite(path: str) -> list:
         eprint(f"{path}: duplicate shapes dropped")
         shapes = list(dict.fromkeys(shapes))
     return shapes
+
+
+def suite_layout(path: str) -> str | None:
+    """The B layout a suite's shapes name (``"b": "kn" | "nk"``), None if none does; a
+    suite that mixes layouts is an error (one bench serves one layout)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None  # load_suite reports it
+    entries = data.get("shapes") if isinstance(data, dict) else data
+    found = {e.get("b") for e in entries or [] if isinstance(e, dict) and e.get("b") is not None}
+    if len(found) > 1 or not found <= {"kn", "nk"}:
+        raise DiagnosticError([Diagnostic("E-SUITE", f"the shapes' B layouts are {sorted(map(str, found))}: a suite "
+                                          "must name one, kn or nk (split it to bench both)", Span(path))])
+    return found.pop() if found else None
+
+
+def _layout(args) -> str:
+    """``--b``, else the suite's, else kn; a ``--b`` the suite contradicts is refused."""
+    suite = suite_layout(args.suite) if args.suite else None
+    if args.b and suite and args.b != suite:
+        raise usage("E-USAGE", f"--b {args.b}, but {args.suite} holds {suite} shapes")
+    return args.b or suite or "kn"
+
+
+def _protocol(args):
+    """The bench's timing protocol from --mode, --l2, --qps, --graph-calls, --seed (exit 2
+    if they do not make one)."""
+    from .protocol import Protocol, ProtocolError
+
+    try:
+        return Protocol(args.mode, args.l2, args.qps, args.graph_calls, args.seed)
+    except ProtocolError as exc:
+        raise usage("E-PROTOCOL", str(exc)) from None
 
 
 def _shapes(args) -> list:
@@ -89,10 +124,14 @@ def cmd_sample(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench, format_table
+    from .bench import bench
+    from .report import format_table
     from .parse import parse_file
+    from .probes import ProbeError
     from .runtime import device_count
 
+    protocol = _protocol(args)
+    b_layout = _layout(args)
     if device_count() == 0:
         raise fail("E-GPU", "no CUDA GPU found (or no driver for this CUDA runtime): bench needs one; 'l2gen build' and 'l2gen tune --simulate' do not")
     programs = []
@@ -108,17 +147,25 @@ def cmd_bench(args) -> int:
         if not args.db_all:  # each database program on the shape(s) it is the best for
             files = {p.name for p in programs} - {p.name for p in db_programs}
             only = {shape: own.get(shape, set()) | files for shape in shapes}
-    if not programs:
-        raise fail("E-USAGE", "no programs: give DSL files or --db")
     names = [p.name for p in programs]
     if len(set(names)) != len(names):
         raise fail("E-USAGE", f"program names must be unique in a bench (repeated: {', '.join(sorted({n for n in names if names.count(n) > 1}))})")
     out = Path(args.out)
     plot = None if args.no_plot else out.with_suffix(".png")
-    results = bench(programs, shapes, args.gpu, out_json=out, plot_png=plot, reps=args.reps, rounds=args.rounds, seeds=args.seeds, jobs=args.jobs, only=only)
+    try:
+        results = bench(programs, shapes, args.gpu, out_json=out, plot_png=plot, reps=args.reps, rounds=args.rounds, seeds=args.seeds,
+                        jobs=args.jobs, only=only, protocol=protocol, b_layout=b_layout)
+    except ProbeError as exc:
+        raise fail("E-PROBES", f"cannot build the timing probes, without which nothing can be timed: {exc}") from None
     print(format_table(results))
     print(f"results: {out}" + (f", plot: {plot}" if plot and plot.exists() else ""))
     failed = [r for r in results["rows"] if r["status"] != "ok"]
+    uncaptured = [r for r in failed if r["status"] == "capture_error"]
+    if uncaptured:
+        which = sorted({r["program"] for r in uncaptured})
+        eprint(f"{len(uncaptured)} program x shape rows cannot run in a CUDA graph ({', '.join(which)}): graph mode "
+               f"cannot time them; every other row is in {out}")
+        return EXIT_USAGE
     if failed:
         eprint(f"{len(failed)} of {len(results['rows'])} program x shape rows did not pass (see the table)")
     return EXIT_FAIL if failed else EXIT_OK
@@ -165,6 +212,7 @@ def _db_programs(args) -> tuple[list, dict]:
 
 def cmd_bench_dispatch(args) -> int:
     from .dispatch_bench import bench_dispatch, format_table, write
+    from .probes import ProbeError
 
     try:
         import torch
@@ -174,7 +222,9 @@ def cmd_bench_dispatch(args) -> int:
         raise fail("E-GPU", "no CUDA GPU visible to torch: bench-dispatch needs one")
     shapes = _shapes(args)
     try:
-        results = bench_dispatch(shapes, args.db, reps=args.reps, rounds=args.rounds, tolerance=args.tolerance, progress=eprint)
+        results = bench_dispatch(shapes, args.db, reps=args.reps, rounds=args.rounds, tolerance=args.tolerance, progress=eprint, l2=args.l2)
+    except ProbeError as exc:
+        raise fail("E-PROBES", f"cannot build the timing probes: {exc}") from None
     except RuntimeError as exc:
         raise fail("E-GPU", str(exc)) from None
     if args.out:
@@ -185,22 +235,35 @@ def cmd_bench_dispatch(args) -> int:
 
 def cmd_compare(args) -> int:
     from .compare import compare_db, compare_results
+    from .protocol import Protocol, ProtocolError, ProtocolMismatch
 
     def load(path):
         try:
-            return json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+            doc = json.loads(Path(path).read_text())
+            Protocol.of(doc)
+            return doc
+        except (OSError, ValueError, AttributeError) as exc:
+            if isinstance(exc, ProtocolError):
+                raise usage("E-PROTOCOL", f"{path}: {exc}") from None
             raise fail("E-RESULTS", f"{path}: cannot read a bench results file: {exc}") from None
 
-    if args.db:
-        if len(args.files) != 1:
-            raise fail("E-USAGE", "with --db give one bench results file: l2gen compare --db KERNELS.db RESULTS.json")
-        comparison = compare_db(recorded_best(args), load(args.files[0]), tolerance=args.tolerance, names=(args.db, args.files[0]))
-    else:
-        if len(args.files) != 2:
-            raise fail("E-USAGE", "give two bench results files: l2gen compare FIRST.json SECOND.json")
-        first, second = (load(f) for f in args.files)
-        comparison = compare_results(first, second, tolerance=args.tolerance, names=tuple(args.files))
+    try:
+        if args.db:
+            if len(args.files) != 1:
+                raise fail("E-USAGE", "with --db give one bench results file: l2gen compare --db KERNELS.db RESULTS.json")
+            results = load(args.files[0])
+            protocol = Protocol.of(results)
+            if protocol.mode != "events":
+                raise ProtocolMismatch(f"{args.files[0]} was timed in {protocol.describe()}; a kernel database's speedups "
+                                       "were timed in events mode")
+            comparison = compare_db(recorded_best(args, protocol.l2), results, tolerance=args.tolerance, names=(args.db, args.files[0]))
+        else:
+            if len(args.files) != 2:
+                raise fail("E-USAGE", "give two bench results files: l2gen compare FIRST.json SECOND.json")
+            first, second = (load(f) for f in args.files)
+            comparison = compare_results(first, second, tolerance=args.tolerance, names=tuple(args.files))
+    except ProtocolMismatch as exc:
+        raise usage("E-PROTOCOL", str(exc)) from None
     print(comparison.table(all_rows=args.all))
     if args.out:
         data = {"first": comparison.first, "second": comparison.second, "tolerance": comparison.tolerance,
@@ -209,6 +272,21 @@ def cmd_compare(args) -> int:
                            "second": p.second, "change": p.change} for p in comparison.pairs]}
         Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     return EXIT_OK if comparison.ok else EXIT_FAIL
+
+
+def _protocol_options(p) -> None:
+    """The timing protocol's options (see l2gen.protocol)."""
+    p.add_argument("--l2", choices=L2_PROTOCOLS, default=DEFAULT_L2,
+                   help="the L2 before each timed run: clean (a read pass over 4x the L2 leaves it holding clean lines of "
+                   "other data, as in a model; the default), dirty (a written flush: every result before the protocol was "
+                   "recorded), warm (no flush)")
+    p.add_argument("--mode", choices=MODES, default="events",
+                   help="events: one call between two events (default); graph: calls back to back in a CUDA graph over "
+                   "rotated inputs, time per call = replay / calls; server: Poisson arrivals at --qps, event and wall time per call")
+    p.add_argument("--qps", type=float, default=None, help=f"server mode: calls per second (default {DEFAULT_QPS:g})")
+    p.add_argument("--graph-calls", type=int, default=None,
+                   help=f"graph mode: the most calls per graph (default {DEFAULT_GRAPH_CALLS}; slow shapes get fewer, about 10 ms a replay)")
+    p.add_argument("--seed", type=int, default=0, help="server mode: the seed of the call order and the gaps")
 
 
 def add_commands(sub) -> None:
@@ -238,6 +316,9 @@ def add_commands(sub) -> None:
     p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs")
     p.add_argument("-o", "--out", default="bench-results.json")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--b", choices=("kn", "nk"), default=None,
+                   help="B's layout: kn (C = A @ B) or nk (C = A @ W.T); default: the suite's 'b', else kn")
+    _protocol_options(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("compare", help="do the speedups of one bench run reproduce in another (or a database's records)?")
@@ -255,6 +336,8 @@ def add_commands(sub) -> None:
     p.add_argument("--reps", type=int, default=200, help="event-timed calls per median")
     p.add_argument("--rounds", type=int, default=15, help="back-to-back loops per wall-time median")
     p.add_argument("--tolerance", type=float, default=0.03, help="largest slowdown that counts as noise")
+    p.add_argument("--l2", choices=L2_PROTOCOLS, default=DEFAULT_L2,
+                   help="the L2 before each event-timed call (default clean), and the protocol whose winners the dispatcher serves")
     p.add_argument("-o", "--out", help="write the results as JSON here")
     p.set_defaults(func=cmd_bench_dispatch)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import EXIT_FAIL, EXIT_OK, eprint, fail
+from .cli import EXIT_FAIL, EXIT_OK, eprint, fail, usage
+from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .timing import DEFAULT_ROUNDS
 
 
@@ -41,8 +42,9 @@ def _evaluator(args):
     if args.simulate:
         from .search.simulate import SimulatedEvaluator
 
-        return SimulatedEvaluator(args.gpu)
+        return SimulatedEvaluator(args.gpu, l2=args.l2)
     from .baselines import ShimError, build_shim
+    from .probes import ProbeError, build_probes
     from .runtime import device_count
     from .search.evaluate import DeviceEvaluator, worker_runner
     from .worker import Worker
@@ -53,17 +55,30 @@ def _evaluator(args):
         shim = str(build_shim())
     except ShimError as exc:
         raise fail("E-BASELINE", f"cannot build the cuBLAS baseline shim: {exc}") from None
+    try:
+        probes = str(build_probes())
+    except ProbeError as exc:
+        raise fail("E-PROBES", f"cannot build the timing probes: {exc}") from None
     progress = (lambda d, t, r: eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
-    return DeviceEvaluator(args.gpu, worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps, rounds=args.rounds), jobs=args.jobs, progress=progress, bundle=args.bundle)
+    runner = worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps, rounds=args.rounds, l2=args.l2, probes=probes)
+    return DeviceEvaluator(args.gpu, runner, jobs=args.jobs, progress=progress, bundle=args.bundle, l2=args.l2)
 
 
 def cmd_tune(args, shapes_of) -> int:
-    from .db import DatabaseError, KernelDB
+    from .db import DatabaseError, KernelDB, ProtocolMismatchError
     from .search.loop import tune
 
     shapes = shapes_of(args)
     if args.budget <= 0:
         raise fail("E-BUDGET", f"--budget must be a positive number of measured candidates per shape, got {args.budget}")
+    try:  # before anything is built: a database of another protocol cannot take this run's rows
+        with KernelDB(args.db) as db:
+            db.check_gpu(args.gpu)
+            db.check_l2(args.l2)
+    except ProtocolMismatchError as exc:
+        raise usage("E-PROTOCOL", f"{exc} (this tune times with --l2 {args.l2})") from None
+    except DatabaseError as exc:
+        raise fail("E-DB", str(exc)) from None
     policy = _policy(args)
     evaluator = _evaluator(args)
     try:
@@ -91,14 +106,14 @@ def cmd_tune(args, shapes_of) -> int:
 
 
 def cmd_db(args) -> int:
-    from .db import DatabaseError, KernelDB
+    from .db import DatabaseError, KernelDB, ProtocolMismatchError
     from .printer import format_program
 
     try:
         db = KernelDB(args.db, readonly=args.action in ("show", "export"))
         if args.action == "show":
             best = db.best_all(args.gpu)
-            print(f"{args.db}: {db.count()} measurements, best programs for {len(best)} shapes on {args.gpu.name}")
+            print(f"{args.db}: {db.count()} measurements (l2 {db.l2 or 'none yet'}), best programs for {len(best)} shapes on {args.gpu.name}")
             for shape, (program, speedup, time_us) in sorted(best.items()):
                 print(f"  {str(shape):>20}  {time_us:9.1f} us  {speedup:5.2f}x  {program.name}")
                 if args.verbose:
@@ -112,6 +127,8 @@ def cmd_db(args) -> int:
         else:
             n = db.import_json(args.file)
             print(f"imported {n} measurements from {args.file}")
+    except ProtocolMismatchError as exc:
+        raise usage("E-PROTOCOL", str(exc)) from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     return EXIT_OK
@@ -159,6 +176,9 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=int, default=50, help="timed runs per median and round")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="timing rounds, each on fresh buffers (as l2gen bench)")
+    p.add_argument("--l2", choices=L2_PROTOCOLS, default=DEFAULT_L2,
+                   help="the L2 before each timed run: clean (read pass over 4x the L2: as in a model, the default), "
+                   "dirty (a written flush, as before), warm (none); a database holds one"),
     p.add_argument("-j", "--jobs", type=int, default=None)
     p.add_argument("--bundle", type=int, default=1, help="programs per nvcc run when a batch builds several (saves header parsing)")
     p.add_argument("--curves", help="write best-so-far curves (JSON) here")

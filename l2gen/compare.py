@@ -7,15 +7,21 @@ tolerance between two independent runs is noise, not a result. This module pairs
 ratios of two sources and says which moved:
 
 - two ``l2gen bench`` results files: every (shape, program) row that passed in both, and
-  every shape's best (the fastest program that passed, whichever it was);
+  every shape's best (the fastest program that passed, whichever it was); for two runs of
+  the baselines alone, each baseline's ratio to cuBLAS-best (what they have to compare);
 - a kernel database and a bench results file: each shape's recorded best speedup against
   the bench row of the same program on the same shape (``l2gen bench --db`` makes those).
+
+Only ratios timed under one protocol (:mod:`l2gen.protocol`) compare: two results files of
+different protocols are refused (:class:`~l2gen.protocol.ProtocolMismatch`), and a
+database's records are read under the results file's L2 protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .protocol import Protocol, require_comparable
 from .search.base import Shape, program_key
 
 DEFAULT_TOLERANCE = 0.03
@@ -60,8 +66,8 @@ class Comparison:
     def summary(self) -> dict:
         """Counts for each kind of pair: {kind: {"pairs", "within", "max_change"}}."""
         out = {}
-        for kind in ("program", "best"):
-            pairs = [p for p in self.pairs if (p.what == "best") == (kind == "best")]
+        for kind in ("program", "best", "baseline"):
+            pairs = [p for p in self.pairs if _kind(p) == kind]
             changes = [abs(p.change) for p in pairs if p.change is not None]
             out[kind] = {
                 "pairs": len(pairs),
@@ -90,10 +96,20 @@ class Comparison:
                 continue
             worst = f", largest change {100 * s['max_change']:.1f}%" if s["max_change"] is not None else ""
             missing = f", {s['missing']} missing on one side" if s["missing"] else ""
-            label = "per-shape best speedups" if kind == "best" else "program x shape speedups"
+            label = {"best": "per-shape best speedups", "program": "program x shape speedups",
+                     "baseline": "baseline x shape ratios to cuBLAS-best"}[kind]
             lines.append(f"{s['within']} of {s['pairs']} {label} within {100 * self.tolerance:.0f}%{worst}{missing}")
         lines.append(f"({self.first} -> {self.second})")
         return "\n".join(lines)
+
+
+BASELINE_PREFIX = "baseline:"  # a Pair's ``what`` for a baseline's ratio to cuBLAS-best
+
+
+def _kind(pair: Pair) -> str:
+    if pair.what == "best":
+        return "best"
+    return "baseline" if pair.what.startswith(BASELINE_PREFIX) else "program"
 
 
 def _shape(row: dict) -> Shape:
@@ -102,7 +118,10 @@ def _shape(row: dict) -> Shape:
 
 def compare_results(first: dict, second: dict, *, tolerance: float = DEFAULT_TOLERANCE, names: tuple[str, str] = ("first", "second")) -> Comparison:
     """Pair the speedups of two bench results (see :mod:`l2gen.bench` for the format):
-    every (shape, program) row present in either, then every shape's best."""
+    every (shape, program) row present in either, then every shape's best; with no
+    program rows in either (the baselines alone), each baseline's ratio to cuBLAS-best.
+    Raises :class:`~l2gen.protocol.ProtocolMismatch` if the two were timed differently."""
+    require_comparable(Protocol.of(first), Protocol.of(second), names)
     out = Comparison(*names, tolerance)
     rows_a = {(_shape(r), r["program"]): r.get("speedup_vs_best") for r in first.get("rows", [])}
     rows_b = {(_shape(r), r["program"]): r.get("speedup_vs_best") for r in second.get("rows", [])}
@@ -112,6 +131,22 @@ def compare_results(first: dict, second: dict, *, tolerance: float = DEFAULT_TOL
     best_b = {_shape(s): s.get("speedup_vs_best") for s in second.get("shapes", [])}
     for shape in sorted(best_a.keys() | best_b.keys()):
         out.pairs.append(Pair(shape, "best", best_a.get(shape), best_b.get(shape)))
+    if not rows_a and not rows_b:
+        out.pairs = [p for p in out.pairs if p.first or p.second]  # no program: no best speedup to pair
+        ratios_a, ratios_b = _baseline_ratios(first), _baseline_ratios(second)
+        for key in sorted(ratios_a.keys() | ratios_b.keys()):
+            out.pairs.append(Pair(key[0], BASELINE_PREFIX + key[1], ratios_a.get(key), ratios_b.get(key)))
+    return out
+
+
+def _baseline_ratios(results: dict) -> dict[tuple[Shape, str], float | None]:
+    """(shape, baseline) -> cuBLAS-best / that baseline's time, per shape summary."""
+    out = {}
+    for s in results.get("shapes", []):
+        best = s.get("cublas_best_us")
+        for key, t in (s.get("baselines") or {}).items():
+            name = key[:-3] if key.endswith("_us") else key
+            out[(_shape(s), name)] = best / t if best and t else None
     return out
 
 

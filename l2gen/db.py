@@ -1,12 +1,19 @@
 """The kernel database: every measured candidate, and the best program per (GPU, shape).
 
-One SQLite file per target GPU. Table ``measurements`` holds one row per measured
-candidate (failures too: they are what keeps a resumed search from re-measuring them);
-view ``best`` has the fastest verified program per (gpu, arch, m, n, k), ranked by
-speedup over cuBLAS-best measured in the same run; table ``meta`` records the schema
-version and the GPU the database belongs to. A database recorded on one GPU refuses
-measurements or lookups for another (:meth:`KernelDB.check_gpu`): timings do not
-transfer between devices.
+One SQLite file per target GPU and timing protocol. Table ``measurements`` holds one row
+per measured candidate (failures too: they are what keeps a resumed search from
+re-measuring them), each with the L2 protocol it was timed under (``l2``, see
+:mod:`l2gen.protocol`); view ``best`` has the fastest verified program per (gpu, arch, m,
+n, k, l2), ranked by speedup over cuBLAS-best measured in the same run; table ``meta``
+records the schema version, the GPU and the L2 protocol the database belongs to. A
+database recorded on one GPU refuses measurements or lookups for another
+(:meth:`KernelDB.check_gpu`): timings do not transfer between devices. Likewise a
+database of one L2 protocol refuses measurements of another (:meth:`KernelDB.check_l2`):
+a speedup timed after a written flush is not evidence about a clean-cold L2.
+
+Schema 1 (before the protocol was recorded) had no ``l2``: every such row was timed after
+the written flush, so opening one for writing adds the column with ``dirty`` and claims
+the database for ``dirty``; read-only, its rows read as ``dirty`` (the shipped database).
 
 WAL journal, one connection per thread, a commit per measurement, so a tuning run that
 is killed loses at most the candidate in flight.
@@ -30,32 +37,36 @@ from pathlib import Path
 from .ir import BLayout, Program
 from .parse import parse
 from .printer import format_program
+from .protocol import LEGACY_L2, ProtocolMismatch, check_l2, l2_of
 from .search.base import Measurement, Shape, program_key
 from .targets import Gpu
 from .toolchain import found_nvcc_version
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: measurements.l2, meta 'l2'
 FORMAT = "l2gen-kernel-db"
 
 # The best program of each (GPU, arch, shape). A program measured more than once on a shape
 # is judged by its least favourable verified measurement (a lucky run does not make it the
 # best), and one that ever computed a wrong result there is never the best.
+# Speedups are judged within one L2 protocol (a program's runs under another do not count
+# for or against it); a wrong result under any protocol disqualifies it. ``{rows}`` is the
+# table, or for a schema-1 file opened read-only the table with its implied ``l2``.
 _JUDGED = """
 WITH ok AS (
-    SELECT * FROM measurements WHERE status = 'ok' AND time_us > 0 AND baseline_us > 0
+    SELECT * FROM {rows} WHERE status = 'ok' AND time_us > 0 AND baseline_us > 0
 ), judged AS (
-    SELECT x.gpu, x.arch, x.m, x.n, x.k, x.program_text, x.program_key, x.time_us,
+    SELECT x.gpu, x.arch, x.m, x.n, x.k, x.l2, x.program_text, x.program_key, x.time_us,
            x.baseline_us, x.baseline_us / x.time_us AS speedup, x.relerr, x.policy,
            x.created_at, x.id
     FROM ok AS x
     WHERE x.id = (
         SELECT y.id FROM ok AS y
-        WHERE y.gpu = x.gpu AND y.m = x.m AND y.n = x.n AND y.k = x.k AND y.program_key = x.program_key
+        WHERE y.gpu = x.gpu AND y.l2 = x.l2 AND y.m = x.m AND y.n = x.n AND y.k = x.k AND y.program_key = x.program_key
         ORDER BY y.baseline_us / y.time_us ASC, y.id ASC
         LIMIT 1
     )
     AND NOT EXISTS (
-        SELECT 1 FROM measurements AS w
+        SELECT 1 FROM {rows} AS w
         WHERE w.gpu = x.gpu AND w.m = x.m AND w.n = x.n AND w.k = x.k AND w.program_key = x.program_key
           AND w.status = 'wrong'
     )
@@ -65,11 +76,13 @@ _BEST = _JUDGED + """
 SELECT * FROM judged AS j
 WHERE j.id = (
     SELECT z.id FROM judged AS z
-    WHERE z.gpu = j.gpu AND z.arch = j.arch AND z.m = j.m AND z.n = j.n AND z.k = j.k
+    WHERE z.gpu = j.gpu AND z.l2 = j.l2 AND z.arch = j.arch AND z.m = j.m AND z.n = j.n AND z.k = j.k
     ORDER BY z.speedup DESC, z.id ASC
     LIMIT 1
 )
 """
+_ROWS = "measurements"
+_ROWS_V1 = f"(SELECT *, '{LEGACY_L2}' AS l2 FROM measurements)"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -92,7 +105,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     error        TEXT,
     policy       TEXT,
     created_at   TEXT    NOT NULL,   -- UTC, ISO 8601
-    env          TEXT    NOT NULL DEFAULT '{}'  -- JSON: nvcc, cutlass, driver, torch, ...
+    env          TEXT    NOT NULL DEFAULT '{}',  -- JSON: nvcc, cutlass, driver, torch, ...
+    l2           TEXT    NOT NULL DEFAULT 'dirty'  -- L2 protocol: clean, dirty, warm (l2gen.protocol)
 );
 CREATE INDEX IF NOT EXISTS measurements_shape ON measurements (gpu, m, n, k);
 DROP VIEW IF EXISTS best;
@@ -100,9 +114,9 @@ CREATE VIEW best AS
 {best}
 """
 
-_SCHEMA = _SCHEMA.replace("{best}", _BEST.strip() + ";")
+_SCHEMA = _SCHEMA.replace("{best}", _BEST.strip().replace("{rows}", _ROWS) + ";")
 
-_COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env")
+_COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env", "l2")
 
 
 class DatabaseError(Exception):
@@ -111,6 +125,10 @@ class DatabaseError(Exception):
 
 class GpuMismatchError(DatabaseError):
     """The database was recorded on another GPU."""
+
+
+class ProtocolMismatchError(DatabaseError, ProtocolMismatch):
+    """The database holds measurements timed under another L2 protocol."""
 
 
 def _gpu_name(gpu: Gpu | str) -> str:
@@ -136,6 +154,7 @@ class KernelDB:
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._checked: set[str] = set()
+        self._rows = _ROWS
         if readonly and not self.path.is_file():
             raise DatabaseError(f"{self.path}: no such kernel database")
         existed = self.path.is_file() and self.path.stat().st_size > 0
@@ -145,10 +164,14 @@ class KernelDB:
             if existed and "meta" not in tables:
                 raise DatabaseError(f"{self.path}: an SQLite file, but not an l2gen kernel database (no 'meta' table)")
             if not readonly:
+                if existed and self._meta("schema_version") == "1":
+                    self._migrate_v1(conn)
                 with conn:
                     conn.executescript(_SCHEMA)
                     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             version = self._meta("schema_version")
+            if version == "1":  # read-only: its rows were all timed after the written flush
+                self._rows = _ROWS_V1
         except sqlite3.DatabaseError as exc:
             self.close()
             raise DatabaseError(f"{self.path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
@@ -160,6 +183,16 @@ class KernelDB:
             raise DatabaseError(f"{self.path}: kernel database schema version {version} is not supported (this l2gen reads version {SCHEMA_VERSION}); upgrade l2gen")
 
     # -- connections ---------------------------------------------------------------------
+
+    @staticmethod
+    def _migrate_v1(conn: sqlite3.Connection) -> None:
+        """Schema 1 to 2: every row so far was timed after the written flush ('dirty')."""
+        with conn:
+            conn.execute("DROP VIEW IF EXISTS best")
+            conn.execute(f"ALTER TABLE measurements ADD COLUMN l2 TEXT NOT NULL DEFAULT '{LEGACY_L2}'")
+            if conn.execute("SELECT 1 FROM measurements LIMIT 1").fetchone():
+                conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('l2', ?)", (LEGACY_L2,))
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -241,6 +274,46 @@ class KernelDB:
         self._checked.add(name)
         return True
 
+    # -- the L2 protocol this database belongs to ---------------------------------------
+
+    @property
+    def l2(self) -> str | None:
+        """The L2 protocol the database's measurements were timed under (None while it is
+        empty and unclaimed); a schema-1 file's rows are ``dirty``."""
+        recorded = self._meta("l2")
+        if recorded is None:
+            rows = self._query(f"SELECT DISTINCT l2 FROM {self._rows} AS r ORDER BY l2")
+            recorded = rows[0][0] if rows else None
+        return recorded
+
+    def check_l2(self, l2: str, *, strict: bool = True) -> bool:
+        """Claim an empty database for L2 protocol ``l2``, or make sure it belongs to it.
+
+        A mismatch raises :class:`ProtocolMismatchError` (``strict=False``: returns False):
+        speedups timed under one protocol do not rank against another's."""
+        check_l2(l2)
+        recorded = self.l2
+        if recorded is not None and recorded != l2:
+            if not strict:
+                return False
+            raise ProtocolMismatchError(
+                f"{self.path} holds measurements timed with l2={recorded}, not l2={l2}; speedups measured under "
+                f"different L2 protocols do not rank against each other: use another database file for l2={l2}")
+        if recorded is None and not self.readonly:
+            with self._conn() as conn:
+                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('l2', ?)", (l2,))
+        return True
+
+    def _l2(self, l2: str | None) -> str:
+        """The protocol a lookup reads: the one asked for, else the database's own."""
+        return l2 or self.l2 or LEGACY_L2
+
+    def _best_sql(self) -> str:
+        return _BEST.replace("{rows}", self._rows)
+
+    def _judged_sql(self) -> str:
+        return _JUDGED.replace("{rows}", self._rows)
+
     # -- writing -------------------------------------------------------------------------
 
     def add(self, measurement: Measurement, gpu: Gpu | str, policy: str = "", env: dict | None = None) -> int:
@@ -248,10 +321,11 @@ class KernelDB:
         if self.readonly:
             raise DatabaseError(f"{self.path}: opened read-only")
         self.check_gpu(gpu)
+        self.check_l2(measurement.l2)
         m, p = measurement, measurement.program
         row = (
             _gpu_name(gpu), p.family.value, m.shape.m, m.shape.n, m.shape.k, format_program(p), program_key(p), m.status,
-            m.time_us, m.baseline_us, m.relerr, m.error, policy, _now(), json.dumps(env or {}, sort_keys=True),
+            m.time_us, m.baseline_us, m.relerr, m.error, policy, _now(), json.dumps(env or {}, sort_keys=True), m.l2,
         )
         conn = self._conn()
         try:
@@ -263,19 +337,21 @@ class KernelDB:
 
     # -- reading -------------------------------------------------------------------------
 
-    def _measurement(self, shape: Shape, text: str, status: str, time_us, baseline_us, relerr, error) -> Measurement | None:
+    def _measurement(self, shape: Shape, text: str, status: str, time_us, baseline_us, relerr, error, l2: str = LEGACY_L2) -> Measurement | None:
         try:
             program = _parse_cached(text)
         except Exception as exc:  # written by an l2gen whose grammar has changed since
             warnings.warn(f"{self.path}: skipping a stored program that no longer parses: {exc}")
             return None
-        return Measurement(shape, program, status, time_us, baseline_us, relerr, error)
+        return Measurement(shape, program, status, time_us, baseline_us, relerr, error, l2)
 
-    def history(self, gpu: Gpu | str, shape: Shape) -> list[Measurement]:
-        """Every measurement of a shape on a GPU, oldest first."""
+    def history(self, gpu: Gpu | str, shape: Shape, *, l2: str | None = None) -> list[Measurement]:
+        """Every measurement of a shape on a GPU under an L2 protocol (None: the
+        database's own), oldest first."""
         rows = self._query(
-            "SELECT program_text, status, time_us, baseline_us, relerr, error FROM measurements WHERE gpu = ? AND m = ? AND n = ? AND k = ? ORDER BY id",
-            (_gpu_name(gpu), shape.m, shape.n, shape.k),
+            f"SELECT program_text, status, time_us, baseline_us, relerr, error, l2 FROM {self._rows} AS r "
+            "WHERE gpu = ? AND l2 = ? AND m = ? AND n = ? AND k = ? ORDER BY id",
+            (_gpu_name(gpu), self._l2(l2), shape.m, shape.n, shape.k),
         )
         out = [self._measurement(shape, *row) for row in rows]
         return [m for m in out if m is not None]
@@ -289,12 +365,13 @@ class KernelDB:
         """The names of the policies whose measurements the database holds."""
         return [r[0] for r in self._query("SELECT DISTINCT policy FROM measurements ORDER BY policy")]
 
-    def best(self, gpu: Gpu | str, shape: Shape, *, b_layout: BLayout | None = None) -> tuple[Program, float, float] | None:
+    def best(self, gpu: Gpu | str, shape: Shape, *, b_layout: BLayout | None = None, l2: str | None = None) -> tuple[Program, float, float] | None:
         """(program, speedup, time_us) of the fastest verified program for a shape, or
-        None. ``b_layout`` restricts it to programs for that operand layout."""
+        None. ``b_layout`` restricts it to programs for that operand layout; ``l2`` names
+        the L2 protocol whose measurements count (None: the database's own)."""
         rows = self._query(
-            f"WITH best AS ({_BEST}) SELECT program_text, speedup, time_us FROM best WHERE gpu = ? AND m = ? AND n = ? AND k = ? ORDER BY speedup DESC",
-            (_gpu_name(gpu), shape.m, shape.n, shape.k),
+            f"WITH best AS ({self._best_sql()}) SELECT program_text, speedup, time_us FROM best WHERE gpu = ? AND l2 = ? AND m = ? AND n = ? AND k = ? ORDER BY speedup DESC",
+            (_gpu_name(gpu), self._l2(l2), shape.m, shape.n, shape.k),
         )
         for text, speedup, time_us in rows:
             m = self._measurement(shape, text, "ok", time_us, None, None, None)
@@ -302,10 +379,12 @@ class KernelDB:
                 return m.program, float(speedup), float(time_us)
         return None
 
-    def best_all(self, gpu: Gpu | str, *, b_layout: BLayout | None = None) -> dict[Shape, tuple[Program, float, float]]:
-        """The best (program, speedup, time_us) of every shape measured on a GPU."""
+    def best_all(self, gpu: Gpu | str, *, b_layout: BLayout | None = None, l2: str | None = None) -> dict[Shape, tuple[Program, float, float]]:
+        """The best (program, speedup, time_us) of every shape measured on a GPU under an
+        L2 protocol (None: the database's own)."""
         out: dict[Shape, tuple[Program, float, float]] = {}
-        rows = self._query(f"WITH best AS ({_BEST}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? ORDER BY m, n, k, speedup DESC", (_gpu_name(gpu),))
+        rows = self._query(f"WITH best AS ({self._best_sql()}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? AND l2 = ? "
+                           "ORDER BY m, n, k, speedup DESC", (_gpu_name(gpu), self._l2(l2)))
         for m, n, k, text, speedup, time_us in rows:
             shape = Shape(m, n, k)
             if shape in out:
@@ -315,12 +394,12 @@ class KernelDB:
                 out[shape] = (meas.program, float(speedup), float(time_us))
         return out
 
-    def ranked(self, gpu: Gpu | str, per_shape: int, *, b_layout: BLayout | None = None) -> dict[Shape, list[tuple[Program, float, float]]]:
+    def ranked(self, gpu: Gpu | str, per_shape: int, *, b_layout: BLayout | None = None, l2: str | None = None) -> dict[Shape, list[tuple[Program, float, float]]]:
         """Up to ``per_shape`` programs of every shape, best first, each judged as
         :meth:`best` judges them: (program, speedup, time_us) of its least favourable run."""
         out: dict[Shape, list[tuple[Program, float, float]]] = {}
-        rows = self._query(f"{_JUDGED} SELECT m, n, k, program_text, speedup, time_us FROM judged WHERE gpu = ? "
-                           "ORDER BY m, n, k, speedup DESC, id ASC", (_gpu_name(gpu),))
+        rows = self._query(f"{self._judged_sql()} SELECT m, n, k, program_text, speedup, time_us FROM judged WHERE gpu = ? AND l2 = ? "
+                           "ORDER BY m, n, k, speedup DESC, id ASC", (_gpu_name(gpu), self._l2(l2)))
         for m, n, k, text, speedup, time_us in rows:
             shape = Shape(m, n, k)
             here = out.setdefault(shape, [])
@@ -342,13 +421,13 @@ class KernelDB:
         """Write every measurement to a JSON file (atomically); returns the row count."""
         path = Path(path)
         cols = ("id",) + _COLUMNS
-        rows = self._query(f"SELECT {', '.join(cols)} FROM measurements ORDER BY id")
+        rows = self._query(f"SELECT {', '.join(cols)} FROM {self._rows} AS r ORDER BY id")
         records = []
         for row in rows:
             record = dict(zip(cols, row))
             record["env"] = json.loads(record["env"] or "{}")
             records.append(record)
-        doc = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "gpu": self.gpu, "measurements": records}
+        doc = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "gpu": self.gpu, "l2": self.l2, "measurements": records}
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
@@ -358,7 +437,9 @@ class KernelDB:
 
     def import_json(self, path: str | Path) -> int:
         """Add the measurements of an exported file; rows already present are skipped.
-        Returns how many were added. A file from another GPU raises GpuMismatchError."""
+        Returns how many were added. A file from another GPU raises GpuMismatchError; one
+        timed under another L2 protocol (a record without ``l2`` was timed ``dirty``)
+        raises ProtocolMismatchError."""
         path = Path(path)
         try:
             doc = json.loads(path.read_text())
@@ -374,13 +455,22 @@ class KernelDB:
             raise GpuMismatchError(f"{path}: measurements from several GPUs ({', '.join(sorted(gpus))}) in one export")
         for gpu in gpus:
             self.check_gpu(gpu)
+        try:
+            protocols = {l2_of(r) for r in records} | ({l2_of(doc)} if "l2" in doc and doc["l2"] else set())
+        except ValueError as exc:
+            raise DatabaseError(f"{path}: {exc}") from None
+        if len(protocols) > 1:
+            raise ProtocolMismatchError(f"{path}: measurements timed under several L2 protocols ({', '.join(sorted(protocols))}) in one export")
+        for l2 in protocols:
+            self.check_l2(l2)
         added = 0
         conn = self._conn()
         key_cols = ("gpu", "m", "n", "k", "program_key", "status", "created_at")
         try:
             with conn:
                 for r in records:
-                    values = tuple(json.dumps(r.get("env") or {}, sort_keys=True) if c == "env" else r.get(c) for c in _COLUMNS)
+                    values = tuple(json.dumps(r.get("env") or {}, sort_keys=True) if c == "env" else l2_of(r) if c == "l2" else r.get(c)
+                                   for c in _COLUMNS)
                     exists = conn.execute(
                         f"SELECT 1 FROM measurements WHERE {' AND '.join(f'{c} IS ?' for c in key_cols)} AND time_us IS ?",
                         tuple(r.get(c) for c in key_cols) + (r.get("time_us"),),
@@ -396,15 +486,28 @@ class KernelDB:
 
     def import_bench(self, path: str | Path) -> int:
         """Add the rows of an ``l2gen bench`` results file as measurements (policy "bench"):
-        each program x shape with its verified time against the same run's cuBLAS-best.
-        Returns how many rows were added. Rows from another GPU raise GpuMismatchError."""
+        each program x shape with its verified time against the same run's cuBLAS-best,
+        under the file's L2 protocol (``dirty`` for a file without one). Returns how many
+        rows were added. Rows from another GPU raise GpuMismatchError; a file timed under
+        another L2 protocol than the database's, or in graph or server mode (the database
+        ranks events-mode speedups), raises ProtocolMismatchError."""
+        from .protocol import Protocol, ProtocolError
+
         path = Path(path)
         try:
             doc = json.loads(path.read_text())
             rows, gpu = doc["rows"], doc["gpu"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise DatabaseError(f"{path}: not an l2gen bench results file: {exc!r}") from None
+        try:
+            protocol = Protocol.of(doc)
+        except ProtocolError as exc:
+            raise DatabaseError(f"{path}: {exc}") from None
+        if protocol.mode != "events":
+            raise ProtocolMismatchError(f"{path} was timed in {protocol.describe()}; a kernel database ranks speedups "
+                                        "timed in events mode: bench without --mode to make rows it can take")
         self.check_gpu(gpu)
+        self.check_l2(protocol.l2)
         env = {k: doc.get(k) for k in ("device", "commit", "nvcc", "date") if doc.get(k)}
         added = 0
         for row in rows:
@@ -415,7 +518,7 @@ class KernelDB:
                 raise DatabaseError(f"{path}: bad bench row {row.get('program')!r}: {exc}") from None
             status = row["status"] if row["status"] in ("ok", "wrong", "timeout", "build_error", "rejected") else "run_error"
             m = Measurement(shape, program, status, time_us=row.get("l2gen_us"), baseline_us=row.get("cublas_best_us"),
-                            relerr=row.get("relerr"), error=row.get("error"))
+                            relerr=row.get("relerr"), error=row.get("error"), l2=protocol.l2)
             self.add(m, gpu, "bench", env)
             added += 1
         return added

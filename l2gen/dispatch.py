@@ -14,6 +14,11 @@ The database is read when a dispatcher is made: if nothing in it beats cuBLAS on
 by more than ``MIN_SPEEDUP``, every call goes straight to ``torch.matmul`` after one
 attribute test.
 
+A dispatcher trusts winners timed under one L2 protocol (:mod:`l2gen.protocol`): ``l2=``,
+else ``$L2GEN_TRUST_L2``, else ``clean``, the protocol that times a kernel as a model runs
+it. A database timed under another protocol (the shipped one was timed after the written
+flush: ``dirty``) serves nothing, whatever its speedups say.
+
 It never returns a wrong result knowingly: if building, loading or launching fails, or
 the first result of a shape disagrees with cuBLAS, it logs once and serves that shape
 with ``torch.matmul`` from then on.
@@ -35,6 +40,7 @@ from typing import Any, Callable, Protocol
 
 from .db import DatabaseError, KernelDB
 from .ir import BLayout, Knobs, Program
+from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .search.base import Shape, program_key
 from .search.evaluate import build_program, unserved
 from .targets import GPUS, Gpu
@@ -48,6 +54,21 @@ log = logging.getLogger("l2gen.dispatch")
 MIN_SPEEDUP = 1.02
 MIN_SPEEDUP_NEARBY = 1.05  # a program tuned for another shape must have beaten it clearly
 MAX_RELERR = 1e-3  # the first result per shape is checked against the fallback
+TRUST_ENV = "L2GEN_TRUST_L2"  # the L2 protocol whose winners a dispatcher serves, if l2= is not given
+
+
+def trusted_l2(l2: str | None = None) -> str:
+    """The L2 protocol a dispatcher serves winners of: ``l2``, else ``$L2GEN_TRUST_L2``,
+    else :data:`~l2gen.protocol.DEFAULT_L2` (an unknown value is logged and ignored)."""
+    if l2 is not None:
+        if l2 not in L2_PROTOCOLS:
+            raise ValueError(f"unknown L2 protocol {l2!r} (known: {', '.join(L2_PROTOCOLS)})")
+        return l2
+    env = os.environ.get(TRUST_ENV)
+    if env and env not in L2_PROTOCOLS:
+        log.warning("l2gen: %s=%r is not an L2 protocol (%s); trusting %s", TRUST_ENV, env, ", ".join(L2_PROTOCOLS), DEFAULT_L2)
+        env = None
+    return env or DEFAULT_L2
 
 
 class Launcher(Protocol):
@@ -114,7 +135,8 @@ class Dispatcher:
     ``db``: a :class:`KernelDB`, a path, or None (always the fallback). ``gpu``: the
     device's record (None: always the fallback). ``fallback(a, b, out=None)``: the
     reference GEMM (default ``torch.matmul``). ``verify``: check each shape's first
-    result against the fallback (skipped while a CUDA graph is being captured).
+    result against the fallback (skipped while a CUDA graph is being captured). ``l2``:
+    the L2 protocol whose winners it serves (:func:`trusted_l2`).
     """
 
     def __init__(
@@ -126,8 +148,10 @@ class Dispatcher:
         fallback: Callable | None = None,
         verify: bool = True,
         nearby: bool = True,
+        l2: str | None = None,
     ):
         self.gpu = gpu
+        self.l2 = trusted_l2(l2)
         self.verify = verify
         self.nearby = nearby
         self._fallback = fallback or _torch_matmul()
@@ -150,7 +174,7 @@ class Dispatcher:
         self._recorded: dict[Shape, tuple] = {}
         if self.db is not None:
             try:
-                self._recorded = self.db.best_all(gpu, b_layout=BLayout.KN)
+                self._recorded = self._trusted_best(gpu)
             except DatabaseError as exc:
                 log.warning("l2gen: %s; every shape will use the fallback", exc)
         # What plan() can serve, by B's shape alone (see _serves_some_m): the (K, N) of every
@@ -166,6 +190,18 @@ class Dispatcher:
         # What ``l2gen.matmul`` calls when this is its default dispatcher: the fallback
         # itself when idle (no frame of ours between the caller and torch.matmul), else self.
         self.entry: Callable = self._fallback if self._idle else self.call
+
+    def _trusted_best(self, gpu: Gpu) -> dict:
+        """The database's bests under the trusted protocol; none from a database of another
+        (said once: a warning if that is what keeps its winners from being served)."""
+        timed = self.db.l2
+        if timed is None or timed == self.l2:
+            return self.db.best_all(gpu, b_layout=BLayout.KN, l2=self.l2)
+        winners = sum(sp > MIN_SPEEDUP for _, sp, _ in self.db.best_all(gpu, b_layout=BLayout.KN, l2=timed).values())
+        say = log.warning if winners else log.info
+        say("l2gen: %s was timed with l2=%s and this dispatcher trusts l2=%s: it serves none of its %d winners "
+            "(set %s=%s to serve them)", self.db.path, timed, self.l2, winners, TRUST_ENV, timed)
+        return {}
 
     @property
     def launcher(self) -> Launcher:
@@ -440,11 +476,11 @@ def _set_default(d: Dispatcher) -> None:
     _default_entry = d.entry
 
 
-def _new_dispatcher(db) -> Dispatcher:
+def _new_dispatcher(db, l2: str | None = None) -> Dispatcher:
     """A dispatcher for this process's GPU over ``db`` (None: ``$L2GEN_DB`` or the shipped one)."""
     gpu = detect_gpu()
     source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
-    return Dispatcher(source, gpu)
+    return Dispatcher(source, gpu, l2=l2)
 
 
 def _dispatcher_for(db) -> Dispatcher:
@@ -462,10 +498,11 @@ def _dispatcher_for(db) -> Dispatcher:
     return d
 
 
-def use_db(db: KernelDB | str | Path | None) -> Dispatcher:
+def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None) -> Dispatcher:
     """Make ``l2gen.matmul``'s default dispatcher (the one used without ``db=``) serve from
-    ``db`` (None: ``$L2GEN_DB`` or the shipped database again); returns that dispatcher."""
-    d = _new_dispatcher(db)
+    ``db`` (None: ``$L2GEN_DB`` or the shipped database again) the winners timed under
+    ``l2`` (:func:`trusted_l2`); returns that dispatcher."""
+    d = _new_dispatcher(db, l2)
     with _dispatchers_lock:
         _set_default(d)
     return d

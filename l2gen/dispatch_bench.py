@@ -8,12 +8,17 @@ each caller writes to each of three preallocated outputs in turn (a kernel of a 
 measurably faster or slower depending on where its output lies; rotating the buffers
 spreads that over all three):
 
-- **device**: CUDA events around one call, the L2 flushed before it; the median of ``reps``.
+- **device**: CUDA events around one call, the L2 left before it as the L2 protocol says
+  (clean by default: :class:`l2gen.probes.Flush`, on torch's current stream); the median
+  of ``reps``.
 - **wall per call**: ``calls`` calls back to back, then a synchronize; wall time over
   ``calls``, the median of ``rounds``. This includes the host's cost per call (Python, the
   lookup, the launch), which is what a caller sees once kernels are short.
 - **enqueue**: host time spent inside the calls of that loop, per call (the part of the wall
   time the dispatcher adds in Python).
+
+The dispatcher serves the winners timed under that same L2 protocol (``use_db(db, l2=)``),
+and the results record it (``"l2"``, ``"mode": "events"``).
 
 A shape passes when both ratios (dispatcher over torch) are at most ``1 + tolerance``. The
 first call of each shape also goes through the dispatcher's own check against torch
@@ -31,7 +36,6 @@ from typing import Callable, Sequence
 from .bench import git_commit
 from .search.base import Shape
 
-FLUSH_BYTES = 256 << 20
 WALL_TARGET_US = 20_000.0  # each wall-time loop runs about this long
 CALLERS = ("l2gen", "torch", "control")
 
@@ -44,6 +48,7 @@ def bench_dispatch(
     rounds: int = 15,
     tolerance: float = 0.03,
     progress: Callable[[str], None] | None = None,
+    l2: str = "clean",
 ) -> dict:
     """Time the dispatcher against torch.matmul on each shape; returns the results dict
     (``rows`` of per-shape times and ratios, ``ok`` when every shape passed).
@@ -55,13 +60,21 @@ def bench_dispatch(
     import l2gen
 
     from .dispatch import detect_gpu, use_db
+    from .probes import Flush, Probes, build_probes
+    from .protocol import check_l2
+    from .runtime import device_info
 
     say = progress or (lambda line: None)
+    check_l2(l2)
     gpu = detect_gpu()
     if gpu is None:
         raise RuntimeError(f"no l2gen target record for {torch.cuda.get_device_name()}")
-    dispatcher = use_db(db)  # what l2gen.matmul serves from: the call timed is the public one
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    dispatcher = use_db(db, l2=l2)  # what l2gen.matmul serves from: the call timed is the public one
+    torch.cuda.init()
+    device_flush = Flush(Probes(build_probes()), l2, device_info(torch.cuda.current_device()).l2_bytes)
+
+    def flush() -> None:
+        device_flush(torch.cuda.current_stream().cuda_stream)
     rows = []
     for i, shape in enumerate(shapes, 1):
         m, n, k = shape.m, shape.n, shape.k
@@ -103,10 +116,11 @@ def bench_dispatch(
             f"({row['device_ratio']:.3f}, control {row['control_device_ratio']:.3f}), wall {wall['l2gen']:.2f} vs "
             f"{wall['torch']:.2f} us ({row['wall_ratio']:.3f}, control {row['control_wall_ratio']:.3f})"
             + ("" if row["ok"] else "  <-- slower"))
+    device_flush.free()
     return {
         "gpu": gpu.name, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(),
-        "db": str(getattr(db, "path", db)), "reps": reps, "rounds": rounds, "tolerance": tolerance,
+        "db": str(getattr(db, "path", db)), "mode": "events", "l2": l2, "reps": reps, "rounds": rounds, "tolerance": tolerance,
         "rows": rows, "ok": all(r["ok"] for r in rows),
     }
 
@@ -129,7 +143,7 @@ def _device_times(callers: dict, outs: list, flush, reps: int) -> dict[str, floa
             callers[name](outs[j])
     for r in range(reps):
         for name, j in rotation(names, r):
-            flush.zero_()
+            flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             callers[name](outs[j])

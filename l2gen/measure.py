@@ -1,9 +1,13 @@
 """The worker's default executor: verify, then time interleaved, on the GPU.
 
-Runs inside the isolated worker process (:mod:`l2gen.worker`), one "measure" task at a
-time (the task and result formats are in that module's docstring): every candidate and
-baseline is verified first (:mod:`l2gen.verify`), then all that passed are timed
-round-robin with L2 flushes and the escape check (:mod:`l2gen.timing`).
+Runs inside the isolated worker process (:mod:`l2gen.worker`), one task at a time (the task
+and result formats are in that module's docstring):
+
+- "measure": every candidate and baseline is verified first (:mod:`l2gen.verify`), then all
+  that passed are timed together under the task's protocol (:mod:`l2gen.protocol`): in
+  events mode round-robin with the L2 flushed before each run (:mod:`l2gen.timing`), in
+  graph or server mode as :mod:`l2gen.modes` does; then, in every mode, the escape check.
+- "probe": what bounds a GEMM in this run (:mod:`l2gen.floors`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 import functools
 import os
 
-from .timing import ESCAPE_RATIO
+from .protocol import DEFAULT_L2, Protocol
+from .timing import ESCAPE_RATIO, MIN_REPS
 from .worker import Note, failed, knobs_from_dict, normalize
 
 _SESSION = None
@@ -20,20 +25,30 @@ RANK = "#"  # "baseline/cublaslt_autotuned#2": the auto-tune's second fastest al
 
 
 class _Session:
-    """Per-process GPU state: the timed stream, the L2 flush, the reference, baselines."""
+    """Per-process GPU state: the timed stream, the probes and the flushes, the reference,
+    the baselines."""
 
-    def __init__(self):
+    def __init__(self, probes: str | None):
         from . import runtime
-        from .timing import L2Flush
+        from .probes import Probes, build_probes
         from .verify import CudaDevice, default_reference
 
         runtime.call("cudaSetDevice", 0)  # the first visible device (CUDA_VISIBLE_DEVICES)
         self.info = runtime.device_info(0)
         self.stream = runtime.Stream()
-        self.flush = L2Flush(self.info.l2_bytes)
+        self.probes = Probes(probes or build_probes())
+        self._flushes: dict = {}
         self.device = CudaDevice()
         self.reference = default_reference(self.device)
         self._baselines: dict = {}
+
+    def flush(self, l2: str):
+        """The :class:`probes.Flush` of an L2 protocol (one buffer per protocol and process)."""
+        from .probes import Flush
+
+        if l2 not in self._flushes:
+            self._flushes[l2] = Flush(self.probes, l2, self.info.l2_bytes)
+        return self._flushes[l2]
 
     def baselines(self, shim: str | None):
         from .baselines import Baselines
@@ -43,6 +58,13 @@ class _Session:
         return self._baselines[shim]
 
 
+def _session(task: dict) -> _Session:
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = _Session(task.get("probes"))
+    return _SESSION
+
+
 def execute(task: dict, note: Note) -> dict:
     """The worker's default executor: "measure" (see the module docstring) and "ping"."""
     kind = task.get("kind", "measure")
@@ -50,6 +72,10 @@ def execute(task: dict, note: Note) -> dict:
         return {"status": "ok", "pid": os.getpid()}
     if kind == "measure":
         return _measure(normalize(task), note)
+    if kind == "probe":
+        from .floors import probe
+
+        return probe(task, note)
     raise ValueError(f"unknown task kind {kind!r}")
 
 
@@ -61,21 +87,24 @@ def _measure(task: dict, note: Note) -> dict:
     allocated inputs (new random data, new addresses) and output; a runner's median is over
     the pooled runs of all rounds, and each round's own median is reported as
     ``round_us``. A kernel of a few µs can run a few percent faster or slower depending on
-    where its buffers landed; pooling rounds averages that out."""
+    where its buffers landed; pooling rounds averages that out. Rounds are an events-mode
+    matter: graph mode rotates input copies instead, and server mode runs one schedule.
+
+    A runner that graph mode cannot capture gets status "capture_error"."""
     from .runtime import CudaError, DeviceBuffer, Library
-    from .timing import TimingSample, time_interleaved
     from .verify import DEFAULT_SEEDS, b_shape, make_inputs, verify
 
-    global _SESSION
     note({"phase": "setup"})
-    if _SESSION is None:
-        _SESSION = _Session()
-    s = _SESSION
+    protocol = Protocol.of(task, missing_l2=DEFAULT_L2)
+    s = _session(task)
+    flush = s.flush(protocol.l2)
     m, n, k = int(task["m"]), int(task["n"]), int(task["k"])
     layout = task.get("b_layout", "kn")
     seeds = int(task.get("seeds", DEFAULT_SEEDS))
     reps, warmup = int(task.get("reps", 50)), int(task.get("warmup", 5))
-    rounds = max(1, int(task.get("rounds", 1)))
+    rounds = max(1, int(task.get("rounds", 1))) if protocol.mode == "events" else 1
+    if reps < MIN_REPS:
+        raise ValueError(f"reps={reps}: the median needs at least {MIN_REPS} runs")
     h, dev = s.stream.handle, s.device
     owned: list = []
 
@@ -119,7 +148,7 @@ def _measure(task: dict, note: Note) -> dict:
 
                 def bind(a, b, c, name=name, transposed=transposed, rank=1):
                     c_view = c.buffer.array((n, m)) if transposed else c
-                    return bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=s.flush, rank=rank)
+                    return bl.runner(name, a, b, c_view, m, n, k, layout, stream=h, flush=flush, rank=rank)
 
                 try:
                     run = bind(a, b, c)
@@ -168,18 +197,33 @@ def _measure(task: dict, note: Note) -> dict:
             if key in relerrs:
                 binders[key] = bind
 
-        note({"phase": "time", "runners": list(binders), "rounds": rounds})
-        per_round: list[dict[str, TimingSample]] = []
+        note({"phase": "time", "runners": list(binders), "rounds": rounds, "mode": protocol.mode})
+        per_round: list[dict] = []
+        extras: dict[str, dict] = {}
+        copies = [(a, b, c)]
+        if protocol.mode == "graph" and binders:
+            from .modes import rotation_copies
+
+            want = rotation_copies(2 * (m * k + k * n + m * n), s.info.l2_bytes, protocol.graph_calls)
+            while len(copies) < want:  # the verified inputs, at other addresses
+                ca, cb, cc = buffers()
+                ca.buffer.copy_from(a.buffer)
+                cb.buffer.copy_from(b.buffer)
+                copies.append((ca, cb, cc))
         for r in range(rounds):
             if r:  # fresh buffers; the earlier ones stay allocated, so these land elsewhere
                 a, b, c = buffers()
                 ra, rb, _ = make_inputs(m, n, k, r, layout)
                 dev.write(a, ra)
                 dev.write(b, rb)
-            runners = {key: bind(a, b, c) for key, bind in binders.items()}
-            if runners:
-                per_round.append(time_interleaved(runners, h, s.flush, reps=reps, warmup=warmup,
-                                                  wall_check=r == rounds - 1))
+                copies = [(a, b, c)]
+            sets = {key: [bind(*copy) for copy in copies] for key, bind in binders.items()}
+            if sets:
+                timed, extras, uncaptured = time_mode(protocol, sets, h, flush, reps=reps, warmup=warmup,
+                                                      wall_check=r == rounds - 1)
+                per_round.append(timed)
+                for key, why in uncaptured.items():
+                    results[key] = dict(failed(key.split("/", 1)[1], "capture_error", why), relerr=relerrs[key])
         samples = _pool(per_round)
         round_us = {key: [rs[key].median_us for rs in per_round] for key in samples}
     finally:
@@ -203,18 +247,51 @@ def _measure(task: dict, note: Note) -> dict:
             results[key] = {"name": name, "status": "ok", "time_us": sample.median_us,
                             "relerr": relerrs[key], "error": None, "escaped": False,
                             "event_vs_wall": ev, "spread": sample.spread,
-                            "reps": len(sample.event_us)}
+                            "reps": len(sample.event_us), **extras.get(key, {})}
             if rounds > 1:
                 results[key]["round_us"] = round_us[key]
     _finalists(results, f"baseline/{AUTOTUNED}")
     return {
         "status": "ok",
         "error": None,
-        "device": {"name": s.info.name, "sm": s.info.sm, "sms": s.info.sms,
-                   "l2_bytes": s.info.l2_bytes},
+        "device": _device(s),
+        "protocol": protocol.to_dict(),
         "candidates": [results[f"candidate/{cand['name']}"] for cand in task["candidates"]],
         "baselines": {name: results[f"baseline/{name}"] for name in task["baselines"]},
     }
+
+
+def _device(s: _Session) -> dict:
+    return {"name": s.info.name, "sm": s.info.sm, "sms": s.info.sms, "l2_bytes": s.info.l2_bytes}
+
+
+def time_mode(protocol: Protocol, runner_sets: dict, stream: int, flush, *, reps: int, warmup: int,
+              wall_check: bool = True) -> tuple[dict, dict, dict]:
+    """Time runners under a protocol's mode: ``runner_sets[key]`` is one runner per input
+    copy (only graph mode uses more than the first). Returns ``(samples, extras,
+    failures)``: a :class:`timing.TimingSample` per runner timed (its event times one per
+    call: per run in events mode, replay / calls in graph mode, per arrival in server
+    mode), the mode's own figures per runner (``{"graph": ...}`` or ``{"server": ...}``),
+    and why each runner that could not be timed was not (graph capture)."""
+    from .modes import arrival_schedule, time_graph, time_server
+    from .timing import TimingSample, time_interleaved, with_escape_check
+
+    first = {key: runners[0] for key, runners in runner_sets.items()}
+    failures: dict[str, str] = {}
+    if protocol.mode == "events":
+        return time_interleaved(first, stream, flush, reps=reps, warmup=warmup, wall_check=wall_check), {}, {}
+    if protocol.mode == "graph":
+        graphs, failures = time_graph(runner_sets, stream, flush, calls=protocol.graph_calls)
+        samples = {key: TimingSample(key, g.per_call_us) for key, g in graphs.items()}
+        extras = {key: {"graph": g.to_dict()} for key, g in graphs.items()}
+    else:
+        schedule = arrival_schedule(list(first), reps, protocol.qps, protocol.seed)
+        served = time_server(first, stream, flush, schedule, warmup=warmup)
+        samples = {key: TimingSample(key, sv.event_us) for key, sv in served.items()}
+        extras = {key: {"server": sv.to_dict()} for key, sv in served.items()}
+    if wall_check:
+        samples = {key: with_escape_check(sample, first[key], stream) for key, sample in samples.items()}
+    return samples, extras, failures
 
 
 def _pool(per_round: list) -> dict:

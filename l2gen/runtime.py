@@ -261,6 +261,13 @@ class DeviceBuffer:
         else:
             call("cudaMemsetAsync", self.ptr, value & 0xFF, nbytes, stream_handle(stream))
 
+    def copy_from(self, other: "DeviceBuffer", nbytes: int | None = None) -> None:
+        """Copy the start of another buffer into the start of this one (synchronous)."""
+        nbytes = min(self.nbytes, other.nbytes) if nbytes is None else nbytes
+        self._fits(nbytes)
+        other._fits(nbytes)
+        call("cudaMemcpy", self.ptr, other.ptr, nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice)
+
     def array(self, shape, dtype=np.float16) -> "DeviceArray":
         return DeviceArray(self, tuple(int(s) for s in shape), np.dtype(dtype))
 
@@ -336,6 +343,74 @@ class Event:
         if self.handle:
             handle, self.handle = self.handle, 0
             call("cudaEventDestroy", handle)
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------
+
+
+class CaptureError(RuntimeError):
+    """Work could not be captured into a CUDA graph (it allocated, synchronized, raised, ...)."""
+
+
+class Graph:
+    """An instantiated CUDA graph: :meth:`launch` replays it on a stream."""
+
+    def __init__(self, graph, exec_):
+        self._graph, self._exec = graph, exec_
+
+    def launch(self, stream) -> None:
+        call("cudaGraphLaunch", self._exec, stream_handle(stream))
+
+    def destroy(self) -> None:
+        graph, exec_, self._graph, self._exec = self._graph, self._exec, None, None
+        if exec_ is not None:
+            call("cudaGraphExecDestroy", exec_)
+        if graph is not None:
+            call("cudaGraphDestroy", graph)
+
+
+def capture_graph(stream, enqueue) -> Graph:
+    """Capture what ``enqueue(stream_handle)`` puts on ``stream`` into a graph and
+    instantiate it. Thread-local capture: a call this thread makes that is unsafe while
+    capturing (a synchronize, an allocation) fails the capture. Raises
+    :class:`CaptureError` saying why; the stream is left not capturing either way."""
+    h = stream_handle(stream)
+    call("cudaStreamBeginCapture", h, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal)
+    try:
+        enqueue(h)
+    except Exception as exc:
+        _destroy_graph(_end_capture(h))
+        raise CaptureError(f"{type(exc).__name__}: {exc}") from None
+    graph = _end_capture(h)
+    if graph is None:
+        raise CaptureError("the capture was invalidated: something it ran is not allowed while a stream "
+                           "is being captured (a synchronize, an allocation, work on the legacy stream)")
+    try:
+        exec_ = call("cudaGraphInstantiate", graph, 0)
+    except CudaError as exc:
+        _destroy_graph(graph)
+        cudart.cudaGetLastError()
+        raise CaptureError(f"the captured graph cannot be instantiated: {exc}") from None
+    return Graph(graph, exec_)
+
+
+def _end_capture(h: int):
+    """End a capture on stream ``h``: the graph, or None if the capture had failed (its
+    error is cleared, so that it does not surface in a later call)."""
+    err, graph = cudart.cudaStreamEndCapture(h)
+    if int(err) == 0 and graph is not None and int(graph):
+        return graph
+    _destroy_graph(graph)
+    cudart.cudaGetLastError()
+    return None
+
+
+def _destroy_graph(graph) -> None:
+    try:
+        if graph is not None and int(graph):
+            cudart.cudaGraphDestroy(graph)
+    except Exception:  # tidying up after a failed capture must not hide why it failed
+        pass
 
 
 # ---- generated libraries --------------------------------------------------------------

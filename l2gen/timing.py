@@ -2,9 +2,12 @@
 
 The statistics (:func:`median`, :func:`spread`, :func:`escaped`, :func:`reproducible`,
 :class:`TimingSample`) are pure and need no GPU. :func:`time_interleaved` is the device
-side: every timed run is preceded by an L2 flush on the timed stream, is bracketed by CUDA
-events on that same stream, and the runners (candidate and baselines) take turns in one
-process, round-robin, so drifting clocks and neighbours hit them all alike.
+side of the default ("events") mode: every timed run is preceded by the protocol's L2
+flush on the timed stream (:class:`l2gen.probes.Flush`; clean by default, see
+:mod:`l2gen.protocol`), is bracketed by CUDA events on that same stream, and the runners
+(candidate and baselines) take turns in one process, round-robin, so drifting clocks and
+neighbours hit them all alike. The graph and server modes live in :mod:`l2gen.modes`; the
+escape check below (:func:`with_escape_check`) is the same in every mode.
 
 The escape check. A kernel that does its work on another stream (or thread) leaves the
 timed stream nearly empty: its event time is tiny. Launching it ``n`` times back to back
@@ -37,7 +40,6 @@ DEFAULT_ROUNDS = 4  # timing rounds on fresh buffers (bench, tune): with one, a 
 ESCAPE_RATIO = 0.5  # event median below this fraction of the wall time per call: escaped
 HOST_BOUND_RATIO = 1.5  # wall must exceed host enqueue time by this to judge escape at all
 REPRO_TOLERANCE = 0.03  # two measurements of one thing agree when within 3 %
-FLUSH_BYTES = 256 * 2**20  # at least twice the L2 of any target (H200: 50 MB)
 WALL_BATCH_US = 20_000.0  # aim the back-to-back batch at about this much device time
 WALL_CALLS = (10, 200)  # and keep its length within these bounds
 
@@ -97,7 +99,7 @@ class TimingSample:
     """What one runner measured: its event times and the escape-check batch."""
 
     name: str
-    event_us: tuple[float, ...]  # one per timed run, L2 flushed before each
+    event_us: tuple[float, ...]  # one per timed run (per call, in graph mode)
     wall_us: float | None = None  # wall time per call, back-to-back batch, device-synchronized
     host_us: float | None = None  # host enqueue time per call in that batch
     batch: int = 0  # calls in that batch
@@ -145,24 +147,6 @@ def wall_batch_calls(event_median_us: float) -> int:
 # ---- device side ----------------------------------------------------------------------
 
 Runner = Callable[[int], None]  # enqueue one run on the given stream handle; raise on error
-
-
-class L2Flush:
-    """Evicts the L2 by writing a buffer of at least twice its size on the timed stream."""
-
-    def __init__(self, l2_bytes: int = 0, nbytes: int | None = None):
-        from .runtime import DeviceBuffer
-
-        self.nbytes = nbytes or max(FLUSH_BYTES, 2 * l2_bytes)
-        self.buffer = DeviceBuffer(self.nbytes)
-        self._value = 0
-
-    def __call__(self, stream: int) -> None:
-        self._value = (self._value + 1) & 0xFF  # a new value each time: no write elision
-        self.buffer.fill_bytes(self._value, self.nbytes, stream=stream)
-
-    def free(self) -> None:
-        self.buffer.free()
 
 
 def time_interleaved(
@@ -217,11 +201,14 @@ def time_interleaved(
     samples = {}
     for name in names:
         sample = TimingSample(name, tuple(times[name]))
-        if wall_check:
-            wall, host, n, seen = _wall_batch(runners[name], stream, wall_batch_calls(sample.median_us))
-            sample = TimingSample(name, sample.event_us, wall, host, n, seen)
-        samples[name] = sample
+        samples[name] = with_escape_check(sample, runners[name], stream) if wall_check else sample
     return samples
+
+
+def with_escape_check(sample: TimingSample, runner: Runner, stream: int) -> TimingSample:
+    """``sample`` with the escape check's back-to-back batch of ``runner`` timed."""
+    wall, host, n, seen = _wall_batch(runner, stream, wall_batch_calls(sample.median_us))
+    return TimingSample(sample.name, sample.event_us, wall, host, n, seen)
 
 
 def _wall_batch(runner: Runner, stream: int, calls: int) -> tuple[float, float, int, float]:

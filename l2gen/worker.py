@@ -25,14 +25,20 @@ A measure task::
                      "splits", "decomposition"} (optional: the defaults)}],
      "baselines": ["torch_matmul", "cublas", ...]  (optional),
      "shim": path of the cuBLAS shim (optional: built or found in the cache),
-     "seeds": 3, "reps": 50, "warmup": 5}
+     "probes": path of the timing probes library (optional: likewise),
+     "l2": "clean" | "dirty" | "warm" (default clean), "mode": "events" | "graph" |
+     "server" (default events), "qps" and "seed" (server), "graph_calls" (graph),
+     "seeds": 3, "reps": 50, "warmup": 5, "rounds": 1}
 
 (A single candidate may also be given inline: "library", "entry", ... at the top level;
 and the shape as "shape": [M, N, K] or "MxNxK".)
-Its result: ``{"status", "error", "device", "candidates": [per candidate], "baselines":
-{name: per baseline}}``; per candidate or baseline ``{"name", "status" ("ok", "wrong",
-"run_error", "escaped", "unavailable", "timeout"), "time_us", "relerr", "error", "escaped",
-"event_vs_wall": {...}}``. With a single candidate, its fields are also at the top level.
+Its result: ``{"status", "error", "device", "protocol", "candidates": [per candidate],
+"baselines": {name: per baseline}}``; per candidate or baseline ``{"name", "status" ("ok",
+"wrong", "run_error", "escaped", "capture_error", "unavailable", "timeout"), "time_us",
+"relerr", "error", "escaped", "event_vs_wall": {...}}``, and in graph or server mode that
+mode's figures (``"graph"``, ``"server"``). With a single candidate, its fields are also
+at the top level. A "probe" task (the same protocol fields, "shim", "probes") measures
+the run's floors: see :mod:`l2gen.measure`.
 """
 
 from __future__ import annotations
@@ -429,6 +435,7 @@ def _assemble(task, order, done, baselines, result) -> dict:
         "status": "ok" if result.get("status") == "ok" else result.get("status", "run_error"),
         "error": None if result.get("status") == "ok" else result.get("error"),
         "device": result.get("device"),
+        "protocol": result.get("protocol"),
         "candidates": [done[name] for name in order],
         "baselines": baselines,
     }

@@ -132,6 +132,9 @@ int lt_run(State& s, const LtPlan& p, int index, const void* A, const void* B, v
 
 extern "C" {
 
+// An L2 flush enqueued on `stream`; returns 0 on success (templates/probes.cu).
+typedef int (*l2gen_flush_fn)(void* context, cudaStream_t stream);
+
 // Create the handles and workspaces (idempotent). Call before anything else.
 int l2gen_shim_init() {
   State& s = state();
@@ -199,13 +202,14 @@ int l2gen_cublaslt_gemm(int tuned, const void* A, const void* B, void* C, int M,
 
 // Time up to 16 heuristic candidates and keep the fastest for this shape. The candidates
 // are timed round-robin: round r runs every candidate once, in an order rotated by r, each
-// run preceded by a memset of `flush` bytes on `stream` that evicts the L2. A clock or
+// run preceded by `flush(flush_context, stream)` (the timing protocol's L2 flush, from
+// l2gen's probes library; null: no flush). A clock or
 // temperature drift over the tuning then weighs on all candidates alike (timed one after
 // another, the first ones ran on a cooler GPU). The median of `reps` rounds decides. Writes
 // how many algorithms ran, the chosen index in heuristic order, and its median in us.
 // A second call for a tuned shape returns the cached choice without timing again.
 int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N, int K, int nk,
-                            void* flush, size_t flush_bytes, int reps, cudaStream_t stream,
+                            l2gen_flush_fn flush, void* flush_context, int reps, cudaStream_t stream,
                             int* tried, int* chosen, float* best_us) {
   State& s = state();
   if (!s.ready) return L2GEN_SHIM_NOT_INITIALIZED;
@@ -245,7 +249,7 @@ int l2gen_cublaslt_autotune(const void* A, const void* B, void* C, int M, int N,
   for (int r = 0; r < reps && ok; ++r) {
     for (size_t t = 0; t < n && ok; ++t) {
       const size_t j = (t + static_cast<size_t>(r)) % n;
-      if (flush && flush_bytes) ok = cudaMemsetAsync(flush, r & 0xFF, flush_bytes, stream) == cudaSuccess;
+      if (flush) ok = flush(flush_context, stream) == 0;
       ok = ok && cudaEventRecord(start[j], stream) == cudaSuccess;
       ok = ok && lt_run(s, *p, live[j], A, B, C, stream) == 0;
       ok = ok && cudaEventRecord(end[j], stream) == cudaSuccess;

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 from ..ir import Program
+from ..protocol import DEFAULT_L2
 
 
 @dataclass(frozen=True, order=True)
@@ -38,6 +39,7 @@ class Measurement:
 
     ``status`` is "ok", "rejected" (checker), "build_error", "run_error", "wrong"
     (verification failed) or "timeout". ``time_us`` and ``speedup`` are None unless ok.
+    ``l2`` is the L2 protocol it was timed under (:mod:`l2gen.protocol`).
     """
 
     shape: Shape
@@ -47,6 +49,7 @@ class Measurement:
     baseline_us: float | None = None  # cuBLAS-best for the shape, same run
     relerr: float | None = None
     error: str | None = None
+    l2: str = DEFAULT_L2
 
     @property
     def speedup(self) -> float | None:

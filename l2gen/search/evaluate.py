@@ -28,6 +28,7 @@ from ..ir import (
     Program,
 )
 from ..printer import format_program
+from ..protocol import DEFAULT_L2
 from ..space import default_name
 from ..targets import Gpu
 from ..timing import DEFAULT_ROUNDS
@@ -116,7 +117,8 @@ class DeviceEvaluator:
     KernelSource key, and launched with its own knobs.
     """
 
-    def __init__(self, gpu: Gpu, run_candidates: RunCandidates, *, build_many=None, lower=None, jobs: int | None = None, build_timeout: float = 600, progress=None, env: dict | None = None, bundle: int = 1):
+    def __init__(self, gpu: Gpu, run_candidates: RunCandidates, *, build_many=None, lower=None, jobs: int | None = None, build_timeout: float = 600, progress=None, env: dict | None = None, bundle: int = 1,
+                 l2: str = DEFAULT_L2):
         if build_many is None:
             if bundle > 1:  # several programs per nvcc run: headers parsed once for them
 
@@ -129,6 +131,7 @@ class DeviceEvaluator:
         if lower is None:
             from ..lower import lower
         self.gpu = gpu
+        self.l2 = l2  # the L2 protocol run_candidates times under (the search files it with each measurement)
         self.run_candidates = run_candidates
         self.build_many = build_many
         self.lower = lower
@@ -211,12 +214,14 @@ def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
 _WORKER_STATUS = {"ok": "ok", "wrong": "wrong", "timeout": "timeout", "run_error": "run_error", "escaped": "run_error", "unavailable": "run_error"}
 
 
-def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = DEFAULT_ROUNDS, gpu: Gpu | None = None) -> RunCandidates:
+def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = DEFAULT_ROUNDS, gpu: Gpu | None = None,
+                  l2: str = DEFAULT_L2, probes: str | None = None) -> RunCandidates:
     """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.worker.measure`;
     safe to call from several threads (calls take turns on the worker).
 
     One measure task per batch: the candidates and the cuBLAS baselines verified, then
-    timed interleaved in the isolated worker. ``baseline_us`` is the fastest baseline
+    timed interleaved in the isolated worker, in events mode under the L2 protocol ``l2``
+    (``probes``: the timing probes library, else the worker builds it). ``baseline_us`` is the fastest baseline
     that verified (per candidate, when the worker had to re-run one alone). A candidate
     whose work escaped the timed stream, or with no baseline time to compare, is a
     ``run_error``.
@@ -238,7 +243,7 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
             shape_reps = reps_for(shape, gpu, reps)  # the same runs per median as l2gen bench takes
         task = {
             "kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k, "b_layout": b_layout, "baselines": wanted, "shim": shim, "reps": shape_reps,
-            "rounds": rounds,
+            "rounds": rounds, "l2": l2, "mode": "events", "probes": probes,
             "candidates": [
                 {"name": f"c{i}", "library": str(library), "entry": entry, "program_text": format_program(build_program(program)), "knobs": knobs_to_dict(knobs)}
                 for i, (library, entry, program, knobs) in enumerate(candidates)

@@ -12,10 +12,11 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from ..ir import Program
+from ..protocol import DEFAULT_L2
 from ..targets import Gpu
 from .base import (
     REWARD_FAILED,
@@ -113,6 +114,10 @@ def tune(
     ``progress``: True prints a line per batch on stderr, a callable gets the lines.
     Ctrl-C ends the run cleanly (the summary says ``interrupted``).
 
+    Every measurement is filed under the evaluator's L2 protocol (its ``l2``; default
+    clean), the only one whose history and bests the run reads: a database of another
+    protocol is refused (:class:`l2gen.db.ProtocolMismatchError`) before anything runs.
+
     ``parallel`` shapes are tuned at once, each in its own thread, in suite order: while
     one shape's batch compiles, another's is measured, so the build pool and the GPU are
     both kept busy. The policy, the database and the progress lines are shared under one
@@ -137,9 +142,11 @@ def tune(
     if evaluator.gpu.name != gpu.name:
         raise ValueError(f"the evaluator measures on {evaluator.gpu.name} but tuning targets {gpu.name}")
     db.check_gpu(gpu)
+    l2 = getattr(evaluator, "l2", DEFAULT_L2)
+    db.check_l2(l2)
     prime = getattr(policy, "prime", None)
     if prime is not None:  # a policy that transfers between shapes starts from the database's bests
-        prime(db.best_all(gpu))
+        prime(db.best_all(gpu, l2=l2))
     lock = threading.RLock()
     report = _reporter(progress)
 
@@ -196,6 +203,7 @@ class _ShapeRun:
 
     def __init__(self, policy: Policy, evaluator: Evaluator, db, budget: int, batch: int, gpu: Gpu, env: dict, say, start: float, lock, stop: threading.Event):
         self.policy, self.evaluator, self.db = policy, evaluator, db
+        self.l2 = getattr(evaluator, "l2", DEFAULT_L2)
         self.budget, self.batch, self.gpu, self.env = budget, batch, gpu, env
         self.say, self.start, self.lock, self.stop = say, start, lock, stop
 
@@ -204,7 +212,7 @@ class _ShapeRun:
         if self.stop.is_set():
             return
         with lock:
-            history: list[Measurement] = list(db.history(gpu, shape))
+            history: list[Measurement] = list(db.history(gpu, shape, l2=self.l2))
             for m in history:
                 result.record(m)
             result.resumed = len(history)
@@ -245,6 +253,7 @@ class _ShapeRun:
                 with lock:
                     if i in landed:
                         return
+                    m = replace(m, l2=self.l2)  # what this run timed it under (or would have)
                     db.add(m, gpu, policy.name, self.env)
                     landed[i] = m
                     history.append(m)

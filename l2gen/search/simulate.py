@@ -32,6 +32,7 @@ from ..ir import (
     Tile,
 )
 from ..printer import format_program
+from ..protocol import DEFAULT_L2
 from ..targets import Gpu
 from .base import Measurement, Proposal, Shape
 from .evaluate import OnResult, _emit, build_program, rejected
@@ -291,8 +292,10 @@ class SimulatedEvaluator:
     launch", all decided by hashes, so failure paths get exercised reproducibly.
     """
 
-    def __init__(self, gpu: Gpu, *, noise: float = 0.03, build_fail: float = 0.03, run_fail: float = 0.01, salt: str = ""):
+    def __init__(self, gpu: Gpu, *, noise: float = 0.03, build_fail: float = 0.03, run_fail: float = 0.01, salt: str = "",
+                 l2: str = DEFAULT_L2):
         self.gpu = gpu
+        self.l2 = l2  # the protocol its measurements are filed under (the model has no L2 state)
         self.noise = noise
         self.build_fail = build_fail
         self.run_fail = run_fail
@@ -308,13 +311,13 @@ class SimulatedEvaluator:
         text = format_program(program)
         build_text = format_program(build_program(program))
         if _unit("build", self.salt, self.gpu.name, build_text) < self.build_fail:
-            return Measurement(shape, program, "build_error", error="simulated: nvcc failed (deterministic for this configuration)")
+            return Measurement(shape, program, "build_error", error="simulated: nvcc failed (deterministic for this configuration)", l2=self.l2)
         u = _unit("run", self.salt, text, shape)
         if u < self.run_fail / 2:
-            return Measurement(shape, program, "run_error", error="simulated: launch returned L2GEN_ERR_LAUNCH")
+            return Measurement(shape, program, "run_error", error="simulated: launch returned L2GEN_ERR_LAUNCH", l2=self.l2)
         base = self.baseline_us(shape) * math.exp(0.01 * _gauss("base", self.salt, text, shape))
         if u < self.run_fail:
-            return Measurement(shape, program, "wrong", baseline_us=base, relerr=0.5, error="simulated: relative error 0.5 > 1e-3")
+            return Measurement(shape, program, "wrong", baseline_us=base, relerr=0.5, error="simulated: relative error 0.5 > 1e-3", l2=self.l2)
         time = model_us(program, shape, self.gpu) * math.exp(self.noise * _gauss("time", self.salt, text, shape))
         return Measurement(shape, program, "ok", time_us=time, baseline_us=base, relerr=2e-4)
 

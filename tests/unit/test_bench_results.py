@@ -14,11 +14,13 @@ from l2gen.baselines import BASELINES, cublas_best, result_key
 from l2gen.diagnostics import Diagnostic, DiagnosticError
 from l2gen.ir import BLayout, Family, Program, Sm80Config, Tile
 from l2gen.search.base import Shape
+from l2gen.protocol import Floors, Protocol
 from l2gen.targets import GPUS
 from l2gen.worker import Worker
 
 HERE = Path(__file__).resolve().parent
 H200 = GPUS["h200"]
+FLOORS = Floors.from_gpu(H200)
 ROW_KEYS = {"m", "n", "k", "program", "program_text", "l2gen_us", "relerr", "status", "error",
             "tflops", "floor_pct", "baselines", "cublas_best_us", "speedup_vs_best"}
 BASELINE_KEYS = {result_key(b) for b in BASELINES}
@@ -43,7 +45,7 @@ def test_row_of_a_measured_program():
     shape = Shape(64, 4096, 4096)
     row = bench_mod.make_row(shape, "p", "kernel p {}\n",
                              {"status": "ok", "time_us": 8.0, "relerr": 3e-4, "error": None},
-                             ok_baselines(), H200)
+                             ok_baselines(), FLOORS)
     assert set(row) == ROW_KEYS
     assert set(row["baselines"]) == BASELINE_KEYS
     assert row["l2gen_us"] == 8.0 and row["status"] == "ok" and row["error"] is None
@@ -51,12 +53,15 @@ def test_row_of_a_measured_program():
     assert row["speedup_vs_best"] == pytest.approx(9.5 / 8.0)
     assert row["tflops"] == pytest.approx(2 * 64 * 4096 * 4096 / 8e-6 / 1e12)
     assert row["floor_pct"] == pytest.approx(100 * H200.floor_us(64, 4096, 4096) / 8.0)
+    measured = Floors(3.0, 2.0, 500.0, "l", "s", "p")  # the run's own floors decide floor%
+    slow = bench_mod.make_row(shape, "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), measured)
+    assert slow["floor_pct"] == pytest.approx(100 * measured.floor_us(64, 4096, 4096) / 8.0)
 
 
 def test_row_of_a_failed_program_has_no_time():
     row = bench_mod.make_row(Shape(8, 8, 8), "p", "", {"status": "wrong", "time_us": 5.0,
                              "relerr": float("inf"), "error": "seed 0: relerr 0.5 > 0.001"},
-                             ok_baselines(), H200)
+                             ok_baselines(), FLOORS)
     assert row["status"] == "wrong" and row["error"].startswith("seed 0")
     assert row["l2gen_us"] is None and row["tflops"] is None and row["floor_pct"] is None
     assert row["speedup_vs_best"] is None and row["relerr"] is None  # inf is not JSON
@@ -67,7 +72,7 @@ def test_row_with_failed_baselines():
     base = ok_baselines()
     base["cublaslt_autotuned"] = {"status": "unavailable", "time_us": None, "error": "no shim"}
     base["torch_matmul"] = {"status": "wrong", "time_us": 1.0, "error": "bad"}
-    row = bench_mod.make_row(Shape(8, 8, 8), "p", "", {"status": "ok", "time_us": 10.0}, base, H200)
+    row = bench_mod.make_row(Shape(8, 8, 8), "p", "", {"status": "ok", "time_us": 10.0}, base, FLOORS)
     assert row["baselines"]["cublaslt_autotuned_us"] is None
     assert row["baselines"]["torch_matmul_us"] is None  # a wrong baseline has no time either
     assert row["cublas_best_us"] == 10.5
@@ -75,7 +80,7 @@ def test_row_with_failed_baselines():
 
 def test_shape_summary_picks_the_fastest_passing_program():
     shape = Shape(8, 8, 8)
-    rows = [bench_mod.make_row(shape, name, "", cand, ok_baselines(), H200) for name, cand in [
+    rows = [bench_mod.make_row(shape, name, "", cand, ok_baselines(), FLOORS) for name, cand in [
         ("slow", {"status": "ok", "time_us": 20.0}),
         ("fast", {"status": "ok", "time_us": 8.0}),
         ("bad", {"status": "escaped", "time_us": None}),
@@ -101,9 +106,9 @@ def _results():
     shape = Shape(64, 4096, 4096)
     rows = [
         bench_mod.make_row(shape, "fast", "", {"status": "ok", "time_us": 8.0, "relerr": 2.5e-4},
-                           ok_baselines(), H200),
+                           ok_baselines(), FLOORS),
         bench_mod.make_row(shape, "broken", "", {"status": "run_error", "time_us": None,
-                           "error": "worker died (killed by SIGSEGV)\nmore"}, ok_baselines(), H200),
+                           "error": "worker died (killed by SIGSEGV)\nmore"}, ok_baselines(), FLOORS),
     ]
     return {"gpu": "h200", "rows": rows,
             "shapes": [bench_mod.shape_summary(shape, rows, ok_baselines())]}
@@ -145,7 +150,11 @@ def test_plot_without_matplotlib_is_skipped(tmp_path):
 
 def fake_gpu(task: dict, note) -> dict:
     """Stands in for the GPU executor; a program's name says what it does."""
-    assert task["shim"] == "/fake/shim.so"
+    assert task["shim"] == "/fake/shim.so" and task["probes"] == "/fake/probes.so"
+    assert (task["mode"], task["l2"]) == ("events", "clean")
+    if task["kind"] == "probe":
+        return {"status": "ok", "launch_floor_us": 3.0, "launch_source": "measured: fake", "stream_tbs": 4.0,
+                "stream_source": "measured: fake", "peak_tflops": None, "peak_error": "no cuBLAS in the fake"}
     cands = []
     for cand in task["candidates"]:
         name = cand["name"]
@@ -205,6 +214,7 @@ def test_bench_end_to_end_with_fakes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(l2gen.lower, "lower", fake_lower)
     monkeypatch.setattr(l2gen.build, "build_many", fake_build_many)
     monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
+    monkeypatch.setattr(bench_mod, "build_probes", lambda timeout=600: "/fake/probes.so")
     programs = [_program(n) for n in ("fast", "slow", "wrong", "crash", "rejectme", "brokenbuild")]
     programs.append(_program("weights", BLayout.NK))
     shapes = [Shape(64, 4096, 4096), Shape(37, 53, 64)]
@@ -221,6 +231,9 @@ def test_bench_end_to_end_with_fakes(tmp_path, monkeypatch, capsys):
     assert {"gpu", "date", "commit", "nvcc", "rows"} <= set(on_disk)
     assert on_disk["gpu"] == "h200" and on_disk["device"] == "Fake H200"
     assert on_disk["reps"] == 30 and on_disk["seeds"] == 2
+    assert (on_disk["mode"], on_disk["l2"], on_disk["b_layout"]) == ("events", "clean", "kn")
+    assert on_disk["floors"]["launch_floor_us"] == 3.0 and on_disk["floors"]["stream_tbs"] == 4.0
+    assert on_disk["floors"]["peak_source"] == "h200 constant in targets.py (no cuBLAS in the fake)"
     rows = on_disk["rows"]
     assert len(rows) == 6 * 2  # the nk program serves no C = A @ B shape
     for row in rows:
@@ -228,6 +241,7 @@ def test_bench_end_to_end_with_fakes(tmp_path, monkeypatch, capsys):
     by = {(r["program"], r["m"]): r for r in rows}
     assert by[("fast", 64)]["status"] == "ok" and by[("fast", 64)]["l2gen_us"] == 8.0
     assert by[("fast", 64)]["speedup_vs_best"] == pytest.approx(9.5 / 8)
+    assert by[("slow", 37)]["floor_pct"] == pytest.approx(100 * 3.0 / 20.0)  # 37x53x64: the launch floor
     assert by[("slow", 37)]["l2gen_us"] == 20.0
     assert by[("wrong", 64)]["status"] == "wrong" and by[("wrong", 64)]["l2gen_us"] is None
     assert by[("crash", 64)]["status"] == "run_error" and "exit status 9" in by[("crash", 64)]["error"]
@@ -275,7 +289,9 @@ def test_knob_variants_share_a_build_and_only_limits_the_shapes(tmp_path, monkey
     monkeypatch.setattr(l2gen.lower, "lower", fake_lower)
     monkeypatch.setattr(l2gen.build, "build_many", fake_build_many)
     monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
+    monkeypatch.setattr(bench_mod, "build_probes", lambda timeout=600: "/fake/probes.so")
     monkeypatch.setattr(bench_mod, "measure", fake_measure)
+    monkeypatch.setattr(bench_mod, "probe_floors", lambda *a, **kw: FLOORS)
     a = _program("fast")
     b = dataclasses.replace(a, name="fast_along_m", knobs=Knobs(raster=Raster.ALONG_M))
     s1, s2 = Shape(64, 64, 64), Shape(128, 64, 64)
@@ -308,7 +324,9 @@ def test_rounds_reach_the_task_and_each_rounds_median_reaches_the_row(tmp_path, 
     monkeypatch.setattr(l2gen.lower, "lower", lambda p, gpu: KernelSource(p, gpu.name, "e", "//", "-gencode=x"))
     monkeypatch.setattr(l2gen.build, "build_many", lambda sources, **kw: [BuildResult(s, Path("/fake/x.so")) for s in sources])
     monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
+    monkeypatch.setattr(bench_mod, "build_probes", lambda timeout=600: "/fake/probes.so")
     monkeypatch.setattr(bench_mod, "measure", fake_measure)
+    monkeypatch.setattr(bench_mod, "probe_floors", lambda *a, **kw: FLOORS)
     res = bench_mod.bench([_program("fast")], [Shape(64, 64, 64)], H200, out_json=tmp_path / "r.json",
                           worker=object(), rounds=3, progress=None)
     assert tasks[0]["rounds"] == 3 and res["rounds"] == 3
@@ -316,5 +334,89 @@ def test_rounds_reach_the_task_and_each_rounds_median_reaches_the_row(tmp_path, 
     assert set(row) == ROW_KEYS | {"round_us", "baseline_round_us"}
     assert row["round_us"] == [7.9, 8.0, 8.1]
     assert row["baseline_round_us"]["cublas_us"] == [11.0] * 3
-    plain = bench_mod.make_row(Shape(64, 64, 64), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), H200)
+    plain = bench_mod.make_row(Shape(64, 64, 64), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), FLOORS)
     assert set(plain) == ROW_KEYS
+
+
+def _fake_build(monkeypatch):
+    import l2gen.build
+    import l2gen.lower
+    from l2gen.build import BuildResult
+    from l2gen.lower import KernelSource
+
+    monkeypatch.setattr(l2gen.lower, "lower", lambda p, gpu: KernelSource(p, gpu.name, "e", "//", "-gencode=x"))
+    monkeypatch.setattr(l2gen.build, "build_many", lambda sources, **kw: [BuildResult(s, Path("/fake/x.so")) for s in sources])
+    monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
+    monkeypatch.setattr(bench_mod, "build_probes", lambda timeout=600: "/fake/probes.so")
+    monkeypatch.setattr(bench_mod, "probe_floors", lambda *a, **kw: FLOORS)
+
+
+def test_server_mode_reaches_the_task_and_its_medians_and_means_reach_the_file(tmp_path, monkeypatch):
+    tasks = []
+    figures = {"calls": 30, "event_median_us": 8.0, "event_mean_us": 9.0, "wall_median_us": 20.0, "wall_mean_us": 25.0}
+
+    def fake_measure(worker, task, timeout=None):
+        tasks.append((task, timeout))
+        base = {n: dict(b, server=dict(figures, event_median_us=b["time_us"])) for n, b in ok_baselines().items()}
+        return {"status": "ok", "baselines": base,
+                "candidates": [{"name": c["name"], "status": "ok", "time_us": 8.0, "relerr": 1e-4, "server": figures}
+                               for c in task["candidates"]]}
+
+    _fake_build(monkeypatch)
+    monkeypatch.setattr(bench_mod, "measure", fake_measure)
+    protocol = Protocol("server", qps=50.0, seed=7)
+    res = bench_mod.bench([_program("fast")], [Shape(64, 64, 64)], H200, out_json=tmp_path / "r.json",
+                          worker=object(), protocol=protocol, progress=None, reps=30)
+    task, timeout = tasks[0]
+    assert (task["mode"], task["l2"], task["qps"], task["seed"]) == ("server", "clean", 50.0, 7)
+    assert timeout >= 7 * 120 * 2 / 50  # 7 runners x 120 calls (a short shape: 4 x 30) at 50 per second, twice over
+    assert (res["mode"], res["qps"], res["seed"], res["rounds"]) == ("server", 50.0, 7, 1)
+    row = res["rows"][0]
+    assert row["server"] == figures and row["baseline_server"]["cublas_us"]["event_median_us"] == 11.0
+    assert res["shapes"][0]["baseline_server"]["torch_matmul_us"]["wall_mean_us"] == 25.0
+    table = bench_mod.format_table(res)
+    assert "event med" in table and "timed in server mode at 50 calls/s, l2 clean" in table
+    server_lines = [line.split() for line in table.splitlines() if line.startswith("64x64x64") and len(line.split()) == 7]
+    assert ["64x64x64", "fast", "30", "8.00", "9.00", "20.00", "25.00"] in server_lines
+
+
+def test_graph_mode_gives_each_shape_its_calls_and_keeps_uncapturable_rows(tmp_path, monkeypatch):
+    tasks = []
+
+    def fake_measure(worker, task, timeout=None):
+        tasks.append(task)
+        cands = [{"name": "fast", "status": "ok", "time_us": 8.0, "relerr": 1e-4,
+                  "graph": {"calls": task["graph_calls"], "copies": 3, "replays": 20}},
+                 {"name": "slow", "status": "capture_error", "time_us": None, "relerr": 1e-4,
+                  "error": "cannot be captured in a CUDA graph: the capture was invalidated"}]
+        return {"status": "ok", "baselines": ok_baselines(), "candidates": cands}
+
+    _fake_build(monkeypatch)
+    monkeypatch.setattr(bench_mod, "measure", fake_measure)
+    shapes = [Shape(64, 64, 64), Shape(8192, 8192, 8192)]
+    res = bench_mod.bench([_program("fast"), _program("slow")], shapes, H200, out_json=tmp_path / "r.json",
+                          worker=object(), protocol=Protocol("graph"), progress=None)
+    assert [t["graph_calls"] for t in tasks] == [100, 10]  # a slow shape's graph holds fewer calls
+    assert res["graph_calls"] == 100 and res["mode"] == "graph"
+    by = {(r["program"], r["m"]): r for r in res["rows"]}
+    assert by[("fast", 64)]["graph"]["copies"] == 3
+    assert by[("slow", 64)]["status"] == "capture_error" and "CUDA graph" in by[("slow", 64)]["error"]
+    assert json.loads((tmp_path / "r.json").read_text()) == res  # nothing lost
+
+
+def test_the_baselines_alone(tmp_path, monkeypatch):
+    tasks = []
+
+    def fake_measure(worker, task, timeout=None):
+        tasks.append(task)
+        return {"status": "ok", "baselines": ok_baselines(), "candidates": []}
+
+    _fake_build(monkeypatch)
+    monkeypatch.setattr(bench_mod, "measure", fake_measure)
+    lines = []
+    res = bench_mod.bench([], [Shape(16, 4096, 4096)], H200, out_json=tmp_path / "r.json", worker=object(),
+                          b_layout="nk", progress=lines.append)
+    assert tasks[0]["candidates"] == [] and tasks[0]["b_layout"] == "nk" and res["b_layout"] == "nk"
+    assert res["rows"] == [] and res["shapes"][0]["cublas_best_us"] == 9.5
+    assert "[bench] no programs: timing the baselines alone" in lines
+    assert "9.50" in bench_mod.format_table(res)

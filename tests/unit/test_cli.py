@@ -258,3 +258,95 @@ def test_build_makes_the_shared_library_of_files_and_database_bests(tmp_path, mo
     assert f"{tmp_path / 'k.db'}:64x64x64" in capsys.readouterr().out
     assert main(["build"]) == 1
     assert "nothing to build" in capsys.readouterr().err
+
+
+# ---- timing protocols on the command line --------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--mode", "batch"], "invalid choice: 'batch'"),
+    (["--l2", "lukewarm"], "invalid choice: 'lukewarm'"),
+    (["--mode", "server", "--qps", "0"], "--qps must be a positive number"),
+    (["--mode", "server", "--qps", "-5"], "--qps must be a positive number"),
+    (["--qps", "100"], "--qps sets the arrival rate of server mode; this is events mode"),
+    (["--mode", "graph", "--graph-calls", "0"], "--graph-calls must be a positive"),
+])
+def test_bench_refuses_bad_protocols_with_exit_2(args, words, capsys):
+    assert main(["bench", str(EXAMPLES[0]), "--shape", "64x64x64", *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_bench_takes_the_suites_b_layout_and_refuses_a_contradiction(tmp_path, monkeypatch, capsys):
+    import l2gen.bench
+    import l2gen.runtime
+
+    seen = {}
+
+    def fake_bench(programs, shapes, gpu, *, b_layout="kn", protocol=None, **kw):
+        seen.update(programs=programs, b_layout=b_layout, protocol=protocol)
+        return {"rows": [], "shapes": []}
+
+    monkeypatch.setattr(l2gen.runtime, "device_count", lambda: 1)
+    monkeypatch.setattr(l2gen.bench, "bench", fake_bench)
+    suite = write(tmp_path, "llm.json", json.dumps({"shapes": [{"m": 16, "n": 4096, "k": 4096, "b": "nk"}]}))
+    assert main(["bench", "--suite", suite, "-o", str(tmp_path / "r.json"), "--no-plot"]) == 0  # the baselines alone
+    assert seen["programs"] == [] and seen["b_layout"] == "nk"
+    assert (seen["protocol"].mode, seen["protocol"].l2) == ("events", "clean")
+    assert main(["bench", "--suite", suite, "--b", "kn", "--no-plot"]) == 2
+    assert "--b kn, but" in capsys.readouterr().err
+    mixed = write(tmp_path, "mixed.json", json.dumps({"shapes": [{"m": 1, "n": 8, "k": 8, "b": "nk"}, {"m": 1, "n": 8, "k": 8, "b": "kn"}]}))
+    assert main(["bench", "--suite", mixed, "--no-plot"]) == 1
+    assert "E-SUITE" in capsys.readouterr().err
+
+
+def test_bench_exits_2_when_graph_mode_cannot_capture_a_program_and_keeps_the_rest(tmp_path, monkeypatch, capsys):
+    import l2gen.bench
+    import l2gen.runtime
+
+    out = tmp_path / "r.json"
+
+    def fake_bench(programs, shapes, gpu, *, out_json, protocol=None, **kw):
+        rows = [{"m": 64, "n": 64, "k": 64, "program": "k", "status": "ok", "error": None, "l2gen_us": 5.0, "tflops": 0.1,
+                 "floor_pct": 60.0, "baselines": {}, "speedup_vs_best": None, "relerr": 2e-4},
+                {"m": 64, "n": 64, "k": 64, "program": "syncs", "status": "capture_error", "l2gen_us": None, "tflops": None,
+                 "floor_pct": None, "baselines": {}, "speedup_vs_best": None, "relerr": None,
+                 "error": "cannot be captured in a CUDA graph: the capture was invalidated"}]
+        results = {"mode": protocol.mode, "l2": protocol.l2, "rows": rows, "shapes": []}
+        Path(out_json).write_text(json.dumps(results))
+        return results
+
+    monkeypatch.setattr(l2gen.runtime, "device_count", lambda: 1)
+    monkeypatch.setattr(l2gen.bench, "bench", fake_bench)
+    assert main(["bench", str(EXAMPLES[0]), "--shape", "64x64x64", "--mode", "graph", "-o", str(out), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run in a CUDA graph (syncs)" in err and f"every other row is in {out}" in err
+    assert [r["status"] for r in json.loads(out.read_text())["rows"]] == ["ok", "capture_error"]
+
+
+def test_tune_and_db_refuse_a_database_of_another_protocol(tmp_path, capsys):
+    db = str(tmp_path / "k.db")
+    assert main(["tune", "--shape", "64x4096x4096", "--budget", "2", "--simulate", "--db", db]) == 0  # clean
+    capsys.readouterr()
+    assert main(["tune", "--shape", "64x4096x4096", "--budget", "4", "--simulate", "--db", db, "--l2", "dirty"]) == 2
+    err = capsys.readouterr().err
+    assert "E-PROTOCOL" in err and "l2=clean, not l2=dirty" in err
+    assert main(["db", "show", "--db", db]) == 0
+    assert "2 measurements (l2 clean)" in capsys.readouterr().out
+    old = Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-examples-public-run1.json"
+    assert main(["db", "import-bench", str(old), "--db", db]) == 2  # written-flush rows into a clean database
+    assert "l2=clean, not l2=dirty" in capsys.readouterr().err
+    assert main(["db", "import-bench", str(old), "--db", str(tmp_path / "old.db")]) == 0
+    assert main(["db", "show", "--db", str(tmp_path / "old.db")]) == 0
+    assert "(l2 dirty)" in capsys.readouterr().out
+
+
+def test_the_shipped_suites_load():
+    from l2gen.cli_run import load_suite, suite_layout
+
+    root = Path(__file__).resolve().parents[2] / "suites"
+    llm = load_suite(str(root / "llm.json"))
+    assert len(llm) == 44 and suite_layout(str(root / "llm.json")) == "nk"
+    public = set(load_suite(str(root / "public.json")))
+    modes = load_suite(str(root / "modes.json"))
+    assert len(modes) == 5 and set(modes) <= public and suite_layout(str(root / "public.json")) is None

@@ -10,6 +10,7 @@ import pytest
 from l2gen.cli import main
 from l2gen.compare import Pair, compare_db, compare_results
 from l2gen.parse import parse
+from l2gen.protocol import ProtocolMismatch
 from l2gen.search.base import Shape
 
 TEXT = "kernel {name} {{\n  arch sm80\n  tile 64 x 64 x 32\n}}\n"
@@ -78,6 +79,43 @@ def test_cli_compare_with_a_database(tmp_path, capsys):
     db = KernelDB(tmp_path / "k.db")
     db.add(Measurement(Shape(64, 64, 64), parse(TEXT.format(name="k1")), "ok", time_us=10.0, baseline_us=10.5), GPUS["h200"])
     bench = tmp_path / "r.json"
-    bench.write_text(json.dumps(results([row(64, "k1_64x64x64", 1.04, TEXT.format(name="k1"))], [(64, 1.04)])))
+    bench.write_text(json.dumps(dict(results([row(64, "k1_64x64x64", 1.04, TEXT.format(name="k1"))], [(64, 1.04)]), l2="clean")))
     assert main(["compare", "--db", str(tmp_path / "k.db"), str(bench)]) == 0
     assert "1 of 1 program x shape speedups within 3%" in capsys.readouterr().out
+    # a results file without a protocol was timed after the written flush: not against clean records
+    legacy = tmp_path / "old.json"
+    legacy.write_text(json.dumps(results([row(64, "k1_64x64x64", 1.04, TEXT.format(name="k1"))], [(64, 1.04)])))
+    assert main(["compare", "--db", str(tmp_path / "k.db"), str(legacy)]) == 2
+    err = capsys.readouterr().err
+    assert "E-PROTOCOL" in err and "l2=clean, not l2=dirty" in err
+    server = tmp_path / "server.json"
+    server.write_text(json.dumps(dict(results([], []), l2="clean", mode="server", qps=100)))
+    assert main(["compare", "--db", str(tmp_path / "k.db"), str(server)]) == 2
+    assert "timed in server mode at 100 calls/s, l2 clean" in capsys.readouterr().err
+
+
+def test_two_runs_of_different_protocols_are_not_compared(tmp_path, capsys):
+    a, b, c = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    a.write_text(json.dumps(dict(results([row(64, "x", 1.0)], [(64, 1.0)]), l2="clean")))
+    b.write_text(json.dumps(results([row(64, "x", 1.0)], [(64, 1.0)])))  # no l2: the written flush
+    c.write_text(json.dumps(dict(results([row(64, "x", 1.0)], [(64, 1.0)]), l2="bogus")))
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert f"E-PROTOCOL: {a} was timed in events mode, l2 clean, {b} in events mode, l2 dirty" in err
+    assert "not comparable" in err and "Traceback" not in err
+    assert main(["compare", str(a), str(c)]) == 2
+    assert "unknown L2 protocol 'bogus'" in capsys.readouterr().err
+    with pytest.raises(ProtocolMismatch):
+        compare_results(json.loads(a.read_text()), json.loads(b.read_text()))
+
+
+def test_two_runs_of_the_baselines_alone_compare_their_ratios():
+    def run(torch_us, cublas_us):
+        return {"l2": "clean", "rows": [], "shapes": [{"m": 64, "n": 64, "k": 64, "speedup_vs_best": None,
+                                                      "cublas_best_us": min(torch_us, cublas_us),
+                                                      "baselines": {"torch_matmul_us": torch_us, "cublas_us": cublas_us}}]}
+    c = compare_results(run(10.0, 10.5), run(10.0, 10.6))
+    assert [(p.what, p.first) for p in c.pairs] == [("baseline:cublas", pytest.approx(10 / 10.5)), ("baseline:torch_matmul", 1.0)]
+    assert c.ok and c.summary()["baseline"]["pairs"] == 2
+    assert "2 of 2 baseline x shape ratios to cuBLAS-best within 3%" in c.table()
+    assert not compare_results(run(10.0, 10.5), run(10.0, 12.0)).ok

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import threading
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from l2gen.db import DatabaseError, GpuMismatchError, KernelDB, SCHEMA_VERSION
+from l2gen.db import DatabaseError, GpuMismatchError, KernelDB, ProtocolMismatchError, SCHEMA_VERSION
 from l2gen.ir import BLayout, Family
 from l2gen.printer import format_program
 from l2gen.search.base import Measurement, Shape, program_key
@@ -79,8 +82,8 @@ def test_meta_records_schema_and_gpu(db):
     conn = sqlite3.connect(db.path)
     meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta == {"schema_version": str(SCHEMA_VERSION), "gpu": "h200"}
-    assert db.gpu == "h200"
+    assert meta == {"schema_version": str(SCHEMA_VERSION), "gpu": "h200", "l2": "clean"}
+    assert db.gpu == "h200" and db.l2 == "clean"
 
 
 def test_wrong_gpu_is_refused(tmp_path):
@@ -231,3 +234,96 @@ def test_a_program_is_judged_by_its_least_favourable_run_and_never_if_it_was_wro
     with KernelDB(tmp_path / "k.db") as again:
         rows = again._conn().execute("SELECT program_key FROM best").fetchall()
         assert rows == [(program_key(steady),)]
+
+
+# ---- the L2 protocol --------------------------------------------------------------------
+
+SHIPPED = Path(__file__).resolve().parents[2] / "l2gen/data/kernels_h200.db"
+
+
+def test_every_row_records_its_protocol_and_a_database_holds_one(db):
+    db.add(ok(program(), 10.0), H200)  # Measurement's default: clean
+    stored = sqlite3.connect(db.path).execute("SELECT l2 FROM measurements").fetchall()
+    assert stored == [("clean",)]
+    with pytest.raises(ProtocolMismatchError, match="holds measurements timed with l2=clean, not l2=dirty"):
+        db.add(replace(ok(program(128, 256), 9.0), l2="dirty"), H200)
+    assert db.check_l2("dirty", strict=False) is False and db.count() == 1
+    assert [m.l2 for m in db.history(H200, SHAPE)] == ["clean"]
+    assert db.best_all(H200, l2="dirty") == {} and db.history(H200, SHAPE, l2="dirty") == []
+
+
+def test_the_shipped_schema_1_database_reads_as_dirty_and_migrates(tmp_path):
+    version = sqlite3.connect(f"file:{SHIPPED}?mode=ro", uri=True).execute(
+        "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    if version != "1":
+        pytest.skip("the shipped database is no longer a schema-1 file")
+    with KernelDB(SHIPPED, readonly=True) as ro:  # as the dispatcher opens it: no migration
+        assert ro.l2 == "dirty"
+        best = ro.best_all(H200)
+        assert len(best) == 24 and best == ro.best_all(H200, l2="dirty")
+        assert ro.best_all(H200, l2="clean") == {}
+        assert all(m.l2 == "dirty" for s in list(best)[:3] for m in ro.history(H200, s))
+    copy = tmp_path / "k.db"
+    shutil.copy(SHIPPED, copy)
+    with KernelDB(copy) as rw:  # opened for writing: schema 2, every row dirty
+        assert rw.best_all(H200) == best
+        conn = sqlite3.connect(copy)
+        assert dict(conn.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == "2"
+        assert conn.execute("SELECT DISTINCT l2 FROM measurements").fetchall() == [("dirty",)]
+        conn.close()
+        with pytest.raises(ProtocolMismatchError):
+            rw.add(ok(program(), 10.0), H200)
+        rw.add(replace(ok(program(), 10.0), l2="dirty"), H200)
+    with KernelDB(copy) as again, KernelDB(SHIPPED, readonly=True) as shipped:  # no second migration
+        assert again.l2 == "dirty" and again.count() == shipped.count() + 1
+
+
+def _bench_file(tmp_path, name, **top):
+    results = Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-examples-public-run2.json"
+    doc = json.loads(results.read_text())
+    doc.update(top)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_import_bench_keeps_the_files_protocol_and_refuses_to_mix(tmp_path):
+    clean, legacy = _bench_file(tmp_path, "clean.json", l2="clean"), _bench_file(tmp_path, "old.json")
+    with KernelDB(tmp_path / "c.db") as c:
+        assert c.import_bench(clean) == 144 and c.l2 == "clean"
+        with pytest.raises(ProtocolMismatchError, match="l2=clean, not l2=dirty"):
+            c.import_bench(legacy)  # no "l2": timed after the written flush
+        assert c.count() == 144
+    with KernelDB(tmp_path / "d.db") as d:
+        assert d.import_bench(legacy) == 144 and d.l2 == "dirty"
+    for mode in ("graph", "server"):
+        with KernelDB(tmp_path / f"{mode}.db") as g, pytest.raises(ProtocolMismatchError, match=f"timed in {mode} mode"):
+            g.import_bench(_bench_file(tmp_path, f"{mode}.json", l2="clean", mode=mode))
+    bad = _bench_file(tmp_path, "bad.json", l2="lukewarm")
+    with KernelDB(tmp_path / "e.db") as e, pytest.raises(DatabaseError, match="unknown L2 protocol 'lukewarm'"):
+        e.import_bench(bad)
+
+
+def test_export_import_keep_the_protocol(tmp_path):
+    src = KernelDB(tmp_path / "a.db")
+    src.add(replace(ok(program(), 16.0), l2="warm"), H200)
+    src.export_json(tmp_path / "a.json")
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["l2"] == "warm" and doc["measurements"][0]["l2"] == "warm"
+    with KernelDB(tmp_path / "b.db") as dst:
+        assert dst.import_json(tmp_path / "a.json") == 1 and dst.l2 == "warm"
+    with KernelDB(tmp_path / "c.db") as clean:
+        clean.add(ok(program(), 10.0), H200)
+        with pytest.raises(ProtocolMismatchError):
+            clean.import_json(tmp_path / "a.json")
+    for r in doc["measurements"]:
+        del r["l2"]
+    del doc["l2"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))  # an export from before: dirty
+    with KernelDB(tmp_path / "d.db") as old:
+        assert old.import_json(tmp_path / "old.json") == 1 and old.l2 == "dirty"
+    doc["measurements"].append(dict(doc["measurements"][0], l2="clean", created_at="x"))
+    (tmp_path / "mixed.json").write_text(json.dumps(doc))
+    with KernelDB(tmp_path / "e.db") as mixed, pytest.raises(ProtocolMismatchError, match="several L2 protocols"):
+        mixed.import_json(tmp_path / "mixed.json")
+    src.close()

@@ -408,3 +408,54 @@ def test_calls_from_many_threads_agree_with_the_fallback(db):
     assert d._unserved_kn == {(128, 128), (8, 8), (500, 256)}
     assert d.served_by(32, 256, 512) == "fallback" and d.served_by(60, 248, 504) == program(128, 128).name
     assert len(fake.loads) == 1 and {l[1:4] for l in fake.launches} == {(64, 256, 512), (60, 248, 504)}
+
+
+# ---- the L2 protocol a dispatcher trusts -----------------------------------------------
+
+
+@pytest.fixture
+def dirty_db(tmp_path):
+    from dataclasses import replace
+
+    d = KernelDB(tmp_path / "dirty.db")
+    d.add(replace(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=8.0, baseline_us=10.0), l2="dirty"), H200)
+    yield d
+    d.close()
+
+
+def test_winners_timed_under_another_protocol_are_not_served(dirty_db, monkeypatch, caplog):
+    monkeypatch.delenv(dispatch.TRUST_ENV, raising=False)
+    a, b = arrays(64, 256, 512)
+    with caplog.at_level(logging.WARNING, logger="l2gen.dispatch"):
+        d = make(dirty_db, FakeLauncher())
+    assert d.l2 == "clean" and d._idle and d.plan(64, 256, 512) is None
+    assert "timed with l2=dirty and this dispatcher trusts l2=clean: it serves none of its 1 winners" in caplog.text
+    assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    trusting = make(dirty_db, FakeLauncher(), l2="dirty")
+    assert trusting.plan(64, 256, 512).program == program(128, 128)
+    monkeypatch.setenv(dispatch.TRUST_ENV, "dirty")
+    assert make(dirty_db, FakeLauncher()).plan(64, 256, 512) is not None
+    monkeypatch.setenv(dispatch.TRUST_ENV, "tepid")
+    with caplog.at_level(logging.WARNING, logger="l2gen.dispatch"):
+        assert make(dirty_db, FakeLauncher()).l2 == "clean"
+    assert "L2GEN_TRUST_L2='tepid' is not an L2 protocol" in caplog.text
+    with pytest.raises(ValueError):
+        make(dirty_db, FakeLauncher(), l2="tepid")
+
+
+def test_a_clean_database_is_served_by_default_and_not_when_dirty_is_trusted(db, monkeypatch):
+    monkeypatch.delenv(dispatch.TRUST_ENV, raising=False)
+    assert make(db, FakeLauncher()).plan(64, 256, 512) is not None
+    assert make(db, FakeLauncher(), l2="dirty").plan(64, 256, 512) is None
+
+
+def test_the_shipped_database_was_timed_dirty_and_serves_nothing_by_default(monkeypatch, caplog):
+    from pathlib import Path
+
+    monkeypatch.delenv(dispatch.TRUST_ENV, raising=False)
+    shipped = Path(dispatch.__file__).parent / "data" / "kernels_h200.db"
+    with caplog.at_level(logging.INFO, logger="l2gen.dispatch"):
+        d = make(shipped, FakeLauncher())
+    assert d.db.l2 == "dirty" and d._idle
+    assert "serves none of its 0 winners" in caplog.text  # it had none: said at INFO, not as a warning
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -589,3 +589,39 @@ def test_tune_primes_the_embedded_policy_with_the_databases_bests(tmp_path):
         tune([Shape(4096, 4096, 2048)], EmbeddedPolicy(H200, seed=0), Recording(H200), db, budget=4, batch=4, gpu=H200, progress=False)
     first = [(program, note) for shape, program, note in seen[:4]]
     assert (known, "best of 4096x4096x4096") in first
+
+
+def test_a_tune_files_its_measurements_under_its_evaluators_protocol(tmp_path):
+    from l2gen.db import ProtocolMismatchError
+
+    def run_candidates(shape, candidates):
+        return [{"status": "ok", "time_us": 9.0, "baseline_us": 10.0, "relerr": 1e-4} for _ in candidates]
+
+    warm = DeviceEvaluator(H200, run_candidates, build_many=_FakeBuild(), env={}, l2="warm")
+    with KernelDB(tmp_path / "k.db") as db:
+        tune([Shape(64, 4096, 4096)], RandomPolicy(H200, seed=0), warm, db, budget=4, batch=2, gpu=H200, progress=False)
+        assert db.l2 == "warm" and {m.l2 for m in db.history(H200, Shape(64, 4096, 4096))} == {"warm"}
+        seen = db._conn().execute("SELECT DISTINCT l2 FROM measurements").fetchall()
+        assert seen == [("warm",)]
+        clean = SimulatedEvaluator(H200)
+        with pytest.raises(ProtocolMismatchError):
+            tune([Shape(64, 4096, 4096)], RandomPolicy(H200, seed=0), clean, db, budget=8, gpu=H200, progress=False)
+        assert db.count() == 4
+
+
+def test_worker_runner_asks_for_its_protocol(tmp_path):
+    from l2gen.search.evaluate import worker_runner
+
+    tasks = []
+
+    class Recorder:
+        def run(self, task, timeout=None):
+            tasks.append(task)
+            return {"status": "ok", "candidates": [{"name": c["name"], "status": "ok", "time_us": 5.0, "relerr": 1e-4}
+                                                   for c in task["candidates"]],
+                    "baselines": {"cublas": {"status": "ok", "time_us": 9.0}}}
+
+    run = worker_runner(Recorder(), baselines=["cublas"], l2="dirty", probes="/fake/probes.so")
+    rows = run(Shape(64, 64, 64), [("/x.so", "e", sm90(128, 128), Knobs())])
+    assert rows[0]["status"] == "ok"
+    assert (tasks[0]["l2"], tasks[0]["mode"], tasks[0]["probes"]) == ("dirty", "events", "/fake/probes.so")

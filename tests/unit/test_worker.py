@@ -66,6 +66,7 @@ def fake_measure(task: dict, note) -> dict:
                       "time_us": None if wrong else 10.0, "relerr": 1e-4, "error": None,
                       "pid": os.getpid()})
     return {"status": "ok", "error": None, "device": {"name": "fake"},
+            "protocol": {"mode": task.get("mode", "events"), "l2": task.get("l2", "clean")},
             "candidates": cands,
             "baselines": {b: {"name": b, "status": "ok", "time_us": 12.0} for b in task["baselines"]}}
 
@@ -165,6 +166,7 @@ def test_measure_all_good(worker):
     assert r["status"] == "ok"
     assert [c["status"] for c in r["candidates"]] == ["ok", "ok"]
     assert r["baselines"]["cublas"]["time_us"] == 12.0
+    assert r["protocol"] == {"mode": "events", "l2": "clean"}  # what the worker timed under comes back
     assert worker.restarts == 0
 
 
