@@ -46,17 +46,18 @@ SWEEPS = {
          (128, 128, 64, (2, 1), "pingpong", "persistent")],
         [(r, s, "heuristic", 1) for r, s in itertools.product(("heuristic", "along_m", "along_n"), (0, 1, 3))],
     ),
-    # (BM, BN, BK, swap_ab, stages, hints) x (raster, swizzle, splits)
+    # (BM, BN, BK, swap_ab, stages, hints, split_k) x (raster, swizzle, splits)
     "l2gen": (
-        [(128, 128, 64, False, 5, "none"),
-         (128, 64, 64, False, 6, "none"),
-         (64, 256, 64, False, 4, "stream"),
-         (128, 192, 64, False, 4, "stream"),
-         (128, 256, 64, False, 4, "none"),
-         (64, 128, 128, True, 4, "stream"),
-         (64, 64, 128, True, 6, "stream"),
-         (128, 128, 128, True, 3, "stream"),
-         (256, 128, 64, True, 4, "stream")],
+        [(128, 128, 64, False, 5, "none", split)
+         for split in ("cluster", "atomic")]
+        + [(128, 64, 64, False, 6, "none", "cluster"),
+           (64, 256, 64, False, 4, "stream", "cluster"),
+           (128, 192, 64, False, 4, "stream", "cluster"),
+           (128, 256, 64, False, 4, "none", "cluster")]
+        + [(64, 128, 128, True, 4, "stream", split) for split in ("cluster", "atomic")]
+        + [(64, 64, 128, True, 6, "stream", split) for split in ("cluster", "atomic")]
+        + [(128, 128, 128, True, 3, "stream", "cluster"),
+           (256, 128, 64, True, 4, "stream", "cluster")],
         [("heuristic", 0, s) for s in (1, 2, 4, 8)],
     ),
 }
@@ -86,9 +87,9 @@ def program(config: tuple, knobs: tuple) -> tuple[str, str]:
 
 
 def l2gen_program(config: tuple, knobs: tuple) -> tuple[str, str]:
-    bm, bn, bk, swap, stages, hints = config
+    bm, bn, bk, swap, stages, hints, split_k = config
     raster, swizzle, splits = knobs
-    name = f"l2gen_{bm}x{bn}x{bk}_{'swap_' if swap else ''}s{stages}_{hints}_split{splits}"
+    name = f"l2gen_{bm}x{bn}x{bk}_{'swap_' if swap else ''}s{stages}_{hints}_{split_k}{splits}"
     return name, f"""kernel {name} {{
     arch    sm90a
     impl    l2gen
@@ -96,7 +97,7 @@ def l2gen_program(config: tuple, knobs: tuple) -> tuple[str, str]:
     tile    {bm} x {bn} x {bk}
     swap_ab {'on' if swap else 'off'}
     stages  {stages}
-    split_k cluster
+    split_k {split_k}
     hints   {hints}
     raster  {raster}
     swizzle {swizzle}
