@@ -73,9 +73,12 @@ def main() -> int:
         for s in (int(x) for x in args.splits.split(",")):
             knobs = Knobs(splits=s)
             stream = torch.cuda.current_stream()
+            ws_bytes = lib.workspace_size(m, n, k, knobs)
+            ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")  # zeroed once
 
             def launch():
-                lib.launch(a, b, c, m, n, k, k, k if nk else n, n, knobs, None, 0, stream.cuda_stream)
+                lib.launch(a, b, c, m, n, k, k, k if nk else n, n, knobs, ws if ws_bytes else None, ws_bytes,
+                           stream.cuda_stream)
 
             try:
                 c.fill_(float("nan"))
