@@ -129,7 +129,8 @@ def instructions(gpu: Gpu, mode: str) -> str:
 DECISIONS = """\
 Decisions (omitted ones take the default in brackets):
 - arch sm80: CuTe mma.sync 16x8x16 + cp.async + ldmatrix; low overhead, good for small, skinny or
-  decode shapes. arch sm90a: CUTLASS wgmma + TMA, warp-specialized; best for large shapes.
+  decode shapes. arch sm90a: wgmma + TMA, warp-specialized: CUTLASS's kernels (impl cutlass, the
+  default), best for large shapes, or l2gen's own (impl l2gen), for small M and long K.
 - b kn: B is K x N (A @ B); b nk: B is N x K (A @ W.T). [kn]
 - tile BM x BN x BK: the output tile of one block and the K step of its mainloop.
 - sm80 only: warps WM x WN (warp grid over the tile) [2 x 2]; stages (cp.async pipeline depth) [3];
@@ -140,8 +141,14 @@ Decisions (omitted ones take the default in brackets):
   mainloop ws|pingpong|cooperative [cooperative]; epilogue tma|direct [tma];
   stages N|auto [auto]; scheduler persistent|stream_k [persistent];
   decomposition heuristic|data_parallel|split_k|stream_k (stream_k scheduler only) [heuristic].
+- sm90a impl l2gen only (no cluster, mainloop, epilogue, scheduler, decomposition): swap_ab on|off
+  (compute C^T = B^T A^T: N along wgmma's 64-row side, M along its N; for small M) [off];
+  stages N [4]; split_k none|cluster|atomic (cluster: the splits CTAs of a tile reduce through
+  distributed shared memory, deterministic; atomic: they add into a workspace, arrival order;
+  both in one launch) [none]; hints none|stream (B evict-first, A evict-last in L2) [none].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
-  (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel or stream_k) [1].
+  (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster or
+  atomic, or stream_k) [1].
 Few output tiles for many SMs (small M or N, long K) call for split-K / stream-K; large square
 shapes for big tiles, clusters and deep pipelines."""
 
@@ -180,6 +187,15 @@ def rules_text(gpu: Gpu) -> str:
             f"shared memory about stages*(BM+BN)*BK*2 + the epilogue's (up to 33 KB with tma) <= {gpu.smem_per_block} B, "
             "and auto must leave room for 2 stages; scheduler stream_k needs mainloop cooperative; "
             "splits > 1 and decomposition need scheduler stream_k."
+        )
+    if Family.SM90_L2GEN in gpu.families():
+        lines.append(
+            "sm90a impl l2gen: the kernel tile is BM x BN, or BN x BM with swap_ab on; its first side "
+            f"in {_set(r.L2GEN_ROWS)}, its second a multiple of 8 in 8..256; BK in {_set(r.L2GEN_TILE_K)}; "
+            "b kn with swap_ab off needs BN a multiple of 64; "
+            f"stages {r.L2GEN_STAGES.start}..{r.L2GEN_STAGES.stop - 1}; shared memory max(stages*(BM+BN)*BK*2, "
+            f"BM*(BN+8)*2 + (BM*BN*4 with split_k cluster)) + 16*stages + 1040 <= {gpu.smem_per_block} B; "
+            f"splits > 1 needs split_k cluster (at most {r.L2GEN_MAX_SPLITS}) or atomic; more splits than ceil(K/BK) fail at run time."
         )
     else:
         lines.append(f"sm90a does not run on {gpu.name}: use arch sm80.")
