@@ -21,12 +21,17 @@ Compile errors are cached like successes (``force=True`` retries); a timeout or 
 killed by a signal leaves only ``kernel.cu`` and ``error.log``, which the next build replaces.
 
 Bundles (:func:`build_bundle`) put several programs into one translation unit, to pay for
-parsing the CUTLASS headers once. Each program's file-scope ``#include`` lines are hoisted
-to the top of the bundle (deduplicated) and the rest is wrapped in ``namespace <entry>_ns``;
-``extern "C"`` entry points keep their C names inside it. So a template must keep its
-``#include`` lines at file scope (outside braces and ``#if`` blocks; a program with an
-``#include`` elsewhere is built on its own), must not define before an ``#include`` a macro
-that header reads, and its code must be valid inside a named namespace.
+parsing the CUTLASS headers once. Each program's leading ``#include`` lines are hoisted to
+the top of the bundle (deduplicated), the rest is wrapped in ``namespace <entry>_ns``
+(``extern "C"`` names keep their C names inside it), and each macro the rest defines is
+``#undef``'d after it, so that no program sees another's. A bundled program compiles to the
+same machine code as the program alone, provided nothing that changes code generation sits
+in the source before its ``#include`` lines: settings such as
+``CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED`` are flags (``KernelSource.flags``, part of the
+key; bundles group by flags). :func:`split_includes` enforces the layout it needs, and a
+program it refuses is built on its own: every ``#include`` comes before any code or other
+preprocessor line (``#if`` groups holding only ``#include`` lines are hoisted whole), none
+``#undef``s a macro, and its code is valid inside a named namespace.
 """
 
 from __future__ import annotations
@@ -56,7 +61,9 @@ if TYPE_CHECKING:
     from .lower import KernelSource
 
 # Bump when the build itself changes in a way that changes its output (command, layout).
-BUILD_VERSION = "1"
+# 2: bundles no longer move sm90 sources' includes above the extended-shapes #define; a
+# library built by version 1 in a bundle may be another kernel than its program alone.
+BUILD_VERSION = "2"
 
 LOG_TAIL_CHARS = 20_000
 ERROR_LINES = 3
@@ -199,60 +206,102 @@ class _Unit:
         return replace(self.sources[0], code=self.code).key
 
 
-# One token of C++ that matters for finding file-scope #include lines: a preprocessor line
-# (with continuations), a comment, a string or character literal, or a brace.
+# One token of C++ that matters for finding the leading #include lines: a preprocessor
+# line (with continuations), a comment, a string or character literal, or a brace.
 _TOKEN = re.compile(
     r"(?P<pp>^[ \t]*#(?:[^\n\\]|\\.)*)"
-    r"|//[^\n]*|/\*.*?\*/"
+    r"|(?P<comment>//[^\n]*|/\*.*?\*/)"
     r"|\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'"
-    r"|(?P<brace>[{}])",
+    r"|[{}]",
     re.MULTILINE | re.DOTALL,
 )
-_INCLUDE = re.compile(r"[ \t]*#[ \t]*include\b")
-_IF = re.compile(r"[ \t]*#[ \t]*if")
-_ENDIF = re.compile(r"[ \t]*#[ \t]*endif\b")
+_DIRECTIVE = re.compile(r"[ \t]*#[ \t]*(\w*)[ \t]*(\w*)")
+_OPENS, _BRANCHES = {"if", "ifdef", "ifndef"}, {"elif", "else", "elifdef", "elifndef"}
 
 
 def split_includes(code: str) -> tuple[list[str], str]:
-    """Split a translation unit into its file-scope ``#include`` lines and the rest.
+    """Split a translation unit into its leading ``#include`` lines and the rest.
 
-    Raises ValueError if an ``#include`` sits inside braces or an ``#if`` block, where
-    hoisting it would change what it means.
+    The leading block is everything before the first code or other preprocessor line:
+    comments, ``#include`` lines and ``#if`` groups that hold only those (returned whole, as
+    one entry). Raises ValueError where hoisting the includes to the top of a bundle could
+    change what the program compiles to: an ``#include`` after the leading block (after
+    code, or after a ``#define`` or other preprocessor state that its header could read),
+    or an ``#undef``, which would reach the programs after it in a bundle.
     """
-    includes: list[str] = []
-    body: list[str] = []
-    depth = conditional = start = 0
-    for token in _TOKEN.finditer(code):
-        if token["brace"]:
-            depth += 1 if token["brace"] == "{" else -1
+    tokens = list(_TOKEN.finditer(code))
+    heads: list[str] = []
+    cuts: list[tuple[int, int]] = []  # spans of the hoisted lines, cut from the rest
+    depth = group = pos = 0  # #if nesting in the leading block; where its open group began
+    rest, stop = len(tokens), None  # first token after the leading block, and what ended it
+    for i, token in enumerate(tokens):
+        if code[pos : token.start()].strip():  # code between tokens
+            rest, stop = i, code[pos : token.start()].strip().splitlines()[0]
+            break
+        pos = token.end()
+        if token["comment"]:
             continue
-        line = token["pp"]
-        if line is None:
-            continue
-        if _IF.match(line):
-            conditional += 1
-        elif _ENDIF.match(line):
-            conditional -= 1
-        elif _INCLUDE.match(line):
-            if depth or conditional:
-                raise ValueError(f"#include not at file scope: {line.strip()}")
-            includes.append(line.strip())
-            body.append(code[start : token.start()])
-            start = token.end() + 1  # and its newline
+        if token["pp"] is None:  # a string or a brace
+            rest, stop = i, token.group()
+            break
+        name = _DIRECTIVE.match(token["pp"]).group(1)
+        if name in _OPENS:
+            if depth == 0:
+                group = i
+            depth += 1
+        elif name in _BRANCHES and depth:
+            pass
+        elif name == "endif" and depth:
+            depth -= 1
+            if depth == 0:
+                start = tokens[group].start()
+                heads.append("\n".join(ln.strip() for ln in code[start : token.end()].splitlines()))
+                cuts.append((start, token.end() + 1))  # and its newline
+        elif name == "include":
+            if depth == 0:  # (one inside a group goes with the group)
+                heads.append(token["pp"].strip())
+                cuts.append((token.start(), token.end() + 1))
+        else:
+            rest, stop = i, token["pp"].strip()
+            break
+    if depth:  # a group that holds more than includes stays in the rest, whole
+        rest = min(rest, group)
+    for token in tokens[rest:]:
+        name = _DIRECTIVE.match(token["pp"]).group(1) if token["pp"] else ""
+        if name == "include":
+            raise ValueError(f"{token['pp'].strip()} comes after {stop!r}: #include lines must come first")
+        if name == "undef":
+            raise ValueError(f"{token['pp'].strip()}: a bundle cannot keep it from the programs after it")
+    body, start = [], 0
+    for a, b in cuts:
+        body.append(code[start:a])
+        start = b
     body.append(code[start:])
-    return includes, "".join(body)
+    return heads, "".join(body)
+
+
+def _defined_macros(code: str) -> list[str]:
+    """The names of the macros ``code`` #defines, in order."""
+    names: dict[str, None] = {}
+    for token in _TOKEN.finditer(code):
+        if token["pp"]:
+            name, macro = _DIRECTIVE.match(token["pp"]).groups()
+            if name == "define" and macro:
+                names[macro] = None
+    return list(names)
 
 
 def bundle_code(sources: Sequence[KernelSource]) -> str:
-    """One translation unit holding every source: hoisted includes, then one namespace per
-    program. Raises ValueError if a source's includes cannot be hoisted."""
+    """One translation unit holding every source: the hoisted includes, then one namespace
+    per program. Raises ValueError if a source cannot be bundled (:func:`split_includes`)."""
     includes: dict[str, None] = {}
     bodies = []
     for source in sources:
         head, body = split_includes(source.code)
         includes.update(dict.fromkeys(head))
         ns = f"{source.entry}_ns"
-        bodies.append(f"namespace {ns} {{\n{body.rstrip()}\n}}  // namespace {ns}\n")
+        undef = "".join(f"#undef {name}\n" for name in _defined_macros(body))
+        bodies.append(f"namespace {ns} {{\n{body.rstrip()}\n}}  // namespace {ns}\n{undef}")
     banner = "// l2gen bundle: " + " ".join(s.entry for s in sources)
     return "\n".join([banner, *includes, "", *bodies])
 

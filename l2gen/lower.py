@@ -36,6 +36,13 @@ BASE_FLAGS = (
     "-shared",
 )
 
+# The wgmma N extents CuTe's op selector offers without its extended shapes; a tile width
+# outside them needs the macro below, or CuTe splits the width into narrower wgmmas (160
+# into five N = 32). The macro costs half of a build (2.8 MB more headers), so only those
+# tiles get it, and as a flag: a #define in the source can be reordered by bundling.
+STANDARD_WGMMA_N = frozenset({8, 16, 32, 64, 96, 128, 192, 256})
+EXTENDED_MMA_SHAPES_FLAG = "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+
 
 @dataclass(frozen=True)
 class KernelSource:
@@ -113,8 +120,21 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             ck=cfg.cluster[2],
             mainloop=cfg.mainloop.value,
             scheduler=cfg.scheduler.value,
+            extended_mma_shapes=needs_extended_mma_shapes(program),
         )
     return ctx
+
+
+def needs_extended_mma_shapes(program: Program) -> bool:
+    """Whether an sm90a program's tile width needs CuTe's extended wgmma shapes."""
+    return program.family is Family.SM90 and program.config.tile.n not in STANDARD_WGMMA_N
+
+
+def build_flags(program: Program) -> tuple[str, ...]:
+    """The nvcc flags of a program's build: :data:`BASE_FLAGS`, and every setting that
+    changes code generation (none may live in the source, where bundling moves it)."""
+    extra = (EXTENDED_MMA_SHAPES_FLAG,) if needs_extended_mma_shapes(program) else ()
+    return BASE_FLAGS + extra
 
 
 def lower(program: Program, gpu: Gpu) -> KernelSource:
@@ -130,4 +150,5 @@ def lower(program: Program, gpu: Gpu) -> KernelSource:
         entry=ctx["entry"],
         code=code,
         gencode=gpu.gencode(program.family),
+        flags=build_flags(program),
     )

@@ -4,7 +4,8 @@ unit with the documented ABI, which the build can bundle."""
 from hypothesis import HealthCheck, given, settings
 
 from l2gen.build import split_includes
-from l2gen.lower import lower
+from l2gen.ir import Family
+from l2gen.lower import EXTENDED_MMA_SHAPES_FLAG, STANDARD_WGMMA_N, lower
 from l2gen.printer import format_program
 from l2gen.targets import GPUS
 
@@ -31,8 +32,17 @@ def test_lowered_source_has_the_abi(program):
     assert format_program(program).splitlines()[0] in source.code  # the program, as a comment
     assert "-DNDEBUG" in source.flags
     assert ("sm_90a" in source.gencode) == (program.family.value == "sm90a")
-    includes, _body = split_includes(source.code)
-    assert any("cute" in line or "cutlass" in line for line in includes)  # hoistable for bundles
+    includes, _body = split_includes(source.code)  # bundleable: every include comes first
+    assert any("cute" in line or "cutlass" in line for line in includes)
+
+
+@SLOW
+@given(valid_program())
+def test_code_generation_settings_are_flags(program):
+    source = lower(program, H200)
+    wide = program.family is Family.SM90 and program.config.tile.n not in STANDARD_WGMMA_N
+    assert (EXTENDED_MMA_SHAPES_FLAG in source.flags) == wide
+    assert "#define CUTE_" not in source.code
 
 
 @SLOW
