@@ -23,7 +23,14 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 if not TEMPLATE_DIR.is_dir():  # running from a source checkout
     TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
-TEMPLATE_OF = {Family.SM80: "sm80_gemm.cu.j2", Family.SM90: "sm90_gemm.cu.j2"}
+# family -> (the CUDA translation unit, the host translation unit or None). A family with a
+# host template builds its CUDA unit alone to a fatbin (FATBIN) that the host unit embeds,
+# so that its host code never parses CuTe.
+TEMPLATE_OF = {
+    Family.SM80: ("sm80_gemm.cu.j2", "sm80_host.cpp.j2"),
+    Family.SM90: ("sm90_gemm.cu.j2", None),
+}
+FATBIN = "kernel.fatbin"  # where the build writes a two-unit source's device code
 
 # Flags every build gets. -DNDEBUG matters on sm90: CUTLASS's asserts make ptxas serialize
 # the wgmma pipeline (warning C7510) and slow the kernel down.
@@ -51,15 +58,18 @@ class KernelSource:
     program: Program
     gpu: str
     entry: str  # exported symbol; E_workspace and E_program are exported beside it
-    code: str  # the whole .cu translation unit
+    code: str  # the .cu translation unit: the whole program, or its device code
     gencode: str  # nvcc -gencode flag
     flags: tuple[str, ...] = BASE_FLAGS
+    # Host-only C++ (no CUDA code) holding the entry points. When set, ``code`` is built
+    # alone to the fatbin FATBIN, which this embeds; the two are built into the library.
+    host_code: str = ""
 
     @property
     def key(self) -> str:
         """Content hash of the source and flags (the build cache adds the toolchain)."""
         h = hashlib.sha256()
-        for part in (self.code, self.gencode, *self.flags):
+        for part in (self.code, self.gencode, *self.flags, self.host_code):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
@@ -101,6 +111,7 @@ def template_context(program: Program, gpu: Gpu) -> dict:
         "bk": cfg.tile.k,
         "epilogue": cfg.epilogue.value,
         "stages": cfg.stages,
+        "fatbin": FATBIN,
     }
     if program.family is Family.SM80:
         ctx.update(
@@ -143,12 +154,14 @@ def lower(program: Program, gpu: Gpu) -> KernelSource:
     if problems:
         raise DiagnosticError(problems)
     ctx = template_context(program, gpu)
-    code = _environment().get_template(TEMPLATE_OF[program.family]).render(**ctx)
+    unit, host = TEMPLATE_OF[program.family]
+    env = _environment()
     return KernelSource(
         program=program,
         gpu=gpu.name,
         entry=ctx["entry"],
-        code=code,
+        code=env.get_template(unit).render(**ctx),
         gencode=gpu.gencode(program.family),
         flags=build_flags(program),
+        host_code=env.get_template(host).render(**ctx) if host else "",
     )

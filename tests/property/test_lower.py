@@ -26,14 +26,18 @@ def test_lowering_is_deterministic(program):
 @given(valid_program())
 def test_lowered_source_has_the_abi(program):
     source = lower(program, H200)
+    entries = source.host_code or source.code  # the host code holds them, when there is some
     for symbol in (source.entry, f"{source.entry}_workspace", f"{source.entry}_program"):
-        assert f"{symbol}(" in source.code
-    assert source.code.count('extern "C"') >= 3
+        assert f"{symbol}(" in entries
+    assert entries.count('extern "C"') >= 3
     assert format_program(program).splitlines()[0] in source.code  # the program, as a comment
     assert "-DNDEBUG" in source.flags
     assert ("sm_90a" in source.gencode) == (program.family.value == "sm90a")
     includes, _body = split_includes(source.code)  # bundleable: every include comes first
     assert any("cute" in line or "cutlass" in line for line in includes)
+    if source.host_code:  # the host code is plain C++: no CuTe for the host compiler
+        host_includes, _ = split_includes(source.host_code)
+        assert not any("cute" in line or "cutlass" in line for line in host_includes)
 
 
 @SLOW
@@ -42,7 +46,7 @@ def test_code_generation_settings_are_flags(program):
     source = lower(program, H200)
     wide = program.family is Family.SM90 and program.config.tile.n not in STANDARD_WGMMA_N
     assert (EXTENDED_MMA_SHAPES_FLAG in source.flags) == wide
-    assert "#define CUTE_" not in source.code
+    assert "#define CUTE_" not in source.code + source.host_code
 
 
 @SLOW

@@ -509,3 +509,63 @@ def test_bundles_group_by_flags(env):
     assert results[0].library == results[2].library != results[1].library == results[3].library
     assert "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in results[1].command
     assert "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in results[0].command
+
+
+# ---- sources with host code: the device code built alone, then the host code -----------
+
+
+def two_unit(entry: str, body: str = "") -> KernelSource:
+    device = f'#include <cuda_fp16.h>\n\nextern "C" __global__ void {entry}_gemm() {{}}\n{body}\n'
+    host = f'#include <cuda_runtime.h>\n#define L2GEN_OK 0\nextern "C" int {entry}(int x) {{ return x; }}\n'
+    return replace(source(entry=entry), code=device, host_code=host)
+
+
+def test_a_source_with_host_code_builds_in_two_steps(env):
+    src = two_unit("l2gen_two")
+    result = build(src)
+    assert result.ok and calls(env) == 2
+    entry = result.library.parent
+    assert sorted(p.name for p in entry.iterdir()) == [
+        "build.json", "host.cpp", "kernel.cu", "kernel.fatbin", "lib.so"]
+    assert (entry / "kernel.fatbin").read_text() == src.code  # the fake copies its input
+    assert result.library.read_text() == src.host_code
+    device, host = log_lines(env)
+    assert "-fatbin" in device.split() and device.endswith("kernel.cu -o kernel.fatbin")
+    assert "-fatbin" not in host.split() and host.endswith("host.cpp -o lib.so")
+    assert result.command.startswith(f"cd {entry} && ") and result.command.count(" && ") == 2
+    assert build(src).cached and calls(env) == 2
+    assert cache_key(src, detect_toolchain()) != cache_key(replace(src, host_code=""), detect_toolchain())
+
+
+def test_a_failing_device_step_stops_the_build(env):
+    result = build(two_unit("l2gen_bad", body="FAKE_FAIL"))
+    assert not result.ok and calls(env) == 1 and "FAKE_FAIL" in result.error
+
+
+def test_two_unit_sources_bundle_both_units(env):
+    a, b, plain = two_unit("l2gen_a"), two_unit("l2gen_b"), source(entry="l2gen_c")
+    results = build_bundle([a, b, plain], max_size=3)
+    assert all(r.ok for r in results) and calls(env) == 3  # plain is built on its own
+    assert results[0].library == results[1].library != results[2].library
+    host = results[0].library.read_text()
+    assert host.count("#include <cuda_runtime.h>") == 1
+    assert 'int l2gen_a(int x)' in host and 'int l2gen_b(int x)' in host
+    assert host.count("#undef L2GEN_OK") == 2
+    device = (results[0].library.resolve().parent / "kernel.fatbin").read_text()
+    assert "l2gen_a_gemm" in device and "l2gen_b_gemm" in device
+    alone = build(b)
+    assert alone.cached and (alone.library.parent / "host.cpp").read_text() == b.host_code
+
+
+def test_nvcc_command_for_a_source_with_host_code(env, tmp_path):
+    src = two_unit("l2gen_two")
+    with pytest.raises(ValueError):
+        build_mod.nvcc_command(src, tmp_path / "k.cu", tmp_path / "k.so")
+    command = build_mod.nvcc_command(src, tmp_path / "k.cu", tmp_path / "k.so", tmp_path / "k.cpp")
+    assert command.startswith(f"cd {tmp_path} && ")
+    assert f"{tmp_path / 'k.cu'} -o kernel.fatbin && " in command
+    assert command.endswith(f"{tmp_path / 'k.cpp'} -o {tmp_path / 'k.so'}")
+
+
+def log_lines(log: Path) -> list[str]:
+    return log.read_text().splitlines()
