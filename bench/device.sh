@@ -5,6 +5,7 @@
 #
 #   bash bench/device.sh info gputests bench bench2 compare
 #   bash bench/device.sh tune-random tune-embedded shipdb dbbench dispatch pack
+#   L2GEN_COMMIT=<sha> bash bench/device.sh info buildtime
 #
 # Steps:
 #   info           GPU, driver, nvcc, torch
@@ -28,6 +29,10 @@
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
+#   buildtime      cold builds of every example (bench/build_times.py): all at once with
+#                  BUILDTIME_JOBS (16) nvcc processes, then one at a time; wall and CPU time
+#                  in $RESULTS/build-times.json (BUILDTIME_BASELINE: an earlier such file
+#                  to compare with)
 #
 # Carry `.whl` (lark, nvidia-cutlass wheels), `.l2cache` (libraries built elsewhere) and
 # `.device-in` (inputs from an earlier call: libs.tar.xz, *.db).
@@ -157,6 +162,13 @@ for step in "$@"; do
       ;;
     pack)
       python3 bench/pack_libs.py "$DB" "$OUT/libs.tar.xz" || status=1
+      ;;
+    buildtime)
+      baseline=()
+      [ -n "${BUILDTIME_BASELINE:-}" ] && baseline=(--baseline "$BUILDTIME_BASELINE")
+      timeout "${BUILDTIME_TIMEOUT:-580}" python3 bench/build_times.py --jobs "${BUILDTIME_JOBS:-16}" 1 \
+        "${baseline[@]}" -o "$RESULTS/build-times.json" 2> "$RESULTS/build-times.log" || status=1
+      tail -12 "$RESULTS/build-times.log"
       ;;
     *)
       echo "unknown step '$step' (see the steps at the top of bench/device.sh)" >&2
