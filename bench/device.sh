@@ -29,10 +29,12 @@
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
-#   buildtime      cold builds of every example (bench/build_times.py): all at once with
-#                  BUILDTIME_JOBS (16) nvcc processes, then one at a time; wall and CPU time
-#                  in $RESULTS/build-times.json (BUILDTIME_BASELINE: an earlier such file
-#                  to compare with)
+#   buildtime      cold builds of every example (bench/build_times.py): all at once with 16
+#                  nvcc processes, then one at a time (BUILDTIME_JOBS, default "16 1"),
+#                  BUILDTIME_ROUNDS times (1); wall and CPU time in $RESULTS/$BUILDTIME_NAME.json
+#                  (build-times). BUILDTIME_BASELINE: sources of an earlier commit to time
+#                  alongside, e.g. bench/build-baseline-3fbf34e.json (then BUILDTIME_JOBS=16
+#                  fits in one call)
 #
 # Carry `.whl` (lark, nvidia-cutlass wheels), `.l2cache` (libraries built elsewhere) and
 # `.device-in` (inputs from an earlier call: libs.tar.xz, *.db).
@@ -166,9 +168,11 @@ for step in "$@"; do
     buildtime)
       baseline=()
       [ -n "${BUILDTIME_BASELINE:-}" ] && baseline=(--baseline "$BUILDTIME_BASELINE")
-      timeout "${BUILDTIME_TIMEOUT:-580}" python3 bench/build_times.py --jobs "${BUILDTIME_JOBS:-16}" 1 \
-        "${baseline[@]}" -o "$RESULTS/build-times.json" 2> "$RESULTS/build-times.log" || status=1
-      tail -12 "$RESULTS/build-times.log"
+      # shellcheck disable=SC2086
+      timeout "${BUILDTIME_TIMEOUT:-580}" python3 bench/build_times.py --jobs ${BUILDTIME_JOBS:-16 1} \
+        --rounds "${BUILDTIME_ROUNDS:-1}" "${baseline[@]}" -o "$RESULTS/${BUILDTIME_NAME:-build-times}.json" \
+        2> "$RESULTS/${BUILDTIME_NAME:-build-times}.log" || status=1
+      tail -12 "$RESULTS/${BUILDTIME_NAME:-build-times}.log"
       ;;
     *)
       echo "unknown step '$step' (see the steps at the top of bench/device.sh)" >&2
