@@ -6,7 +6,7 @@ can point l2gen elsewhere with a variable:
 
 - ``L2GEN_NVCC``: the nvcc executable (wins over everything else);
 - ``CUDA_HOME`` / ``CUDA_PATH``: a CUDA toolkit;
-- ``L2GEN_CUTLASS_DIR``: a CUTLASS checkout (instead of the ``nvidia-cutlass`` wheel).
+- ``L2GEN_CUTLASS_DIR``: a CUTLASS checkout (instead of the ``nvidia-cutlass`` wheel);
 - ``L2GEN_CUOBJDUMP``: cuobjdump, with nvdisasm beside it (only for reading what a build
   made, :mod:`l2gen.sass`).
 
