@@ -6,6 +6,7 @@
 #   bash bench/device.sh info gputests bench bench2 compare
 #   bash bench/device.sh llm llm2 llmcompare graph server
 #   bash bench/device.sh tune-random tune-embedded shipdb dbbench dispatch pack
+#   L2GEN_COMMIT=<sha> bash bench/device.sh info buildtime
 #
 # Every bench step times under an L2 protocol (BENCH_L2, default clean: a read pass over
 # 4x the L2 before each run; dirty: the written flush every result before it used) and
@@ -41,6 +42,12 @@
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
+#   buildtime      cold builds of every example (bench/build_times.py): all at once with 16
+#                  nvcc processes, then one at a time (BUILDTIME_JOBS, default "16 1"),
+#                  BUILDTIME_ROUNDS times (1); wall and CPU time in $RESULTS/$BUILDTIME_NAME.json
+#                  (build-times). BUILDTIME_BASELINE: sources of an earlier commit to time
+#                  alongside, e.g. bench/build-baseline-3fbf34e.json (then BUILDTIME_JOBS=16
+#                  fits in one call)
 #
 # Carry `.whl` (lark, nvidia-cutlass wheels), `.l2cache` (libraries built elsewhere) and
 # `.device-in` (inputs from an earlier call: libs.tar.xz, *.db).
@@ -196,6 +203,15 @@ for step in "$@"; do
       ;;
     pack)
       python3 bench/pack_libs.py "$DB" "$OUT/libs.tar.xz" || status=1
+      ;;
+    buildtime)
+      baseline=()
+      [ -n "${BUILDTIME_BASELINE:-}" ] && baseline=(--baseline "$BUILDTIME_BASELINE")
+      # shellcheck disable=SC2086
+      timeout "${BUILDTIME_TIMEOUT:-580}" python3 bench/build_times.py --jobs ${BUILDTIME_JOBS:-16 1} \
+        --rounds "${BUILDTIME_ROUNDS:-1}" "${baseline[@]}" -o "$RESULTS/${BUILDTIME_NAME:-build-times}.json" \
+        2> "$RESULTS/${BUILDTIME_NAME:-build-times}.log" || status=1
+      tail -12 "$RESULTS/${BUILDTIME_NAME:-build-times}.log"
       ;;
     *)
       echo "unknown step '$step' (see the steps at the top of bench/device.sh)" >&2

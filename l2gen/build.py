@@ -4,14 +4,20 @@ Failures are data: every function here returns a :class:`BuildResult` per source
 ``ok`` is False when nvcc failed, timed out or could not be found; none raises for that.
 
 The cache lives in ``$L2GEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/l2gen``, else
-``~/.cache/l2gen``; one entry per translation unit::
+``~/.cache/l2gen``; one entry per library::
 
-    <root>/<key[:2]>/<key>/kernel.cu     the translation unit, kept to reproduce the build
+    <root>/<key[:2]>/<key>/kernel.cu     the CUDA translation unit, kept to reproduce the build
+                           host.cpp      the host translation unit  (two-unit sources)
+                           kernel.fatbin kernel.cu's device code    (two-unit sources)
                            lib.so        the library              (success)
                            build.json    command, seconds, versions, entries, date
                            error.log     nvcc's whole output      (failure)
                            failed.json   as build.json, plus the error
     <root>/tmp/                          entries being built
+
+A source with ``host_code`` (the sm80 family) is built in two nvcc runs: ``kernel.cu``
+alone to ``kernel.fatbin`` (device code only: its host code never parses CuTe), then
+``host.cpp``, which embeds that fatbin, to ``lib.so``.
 
 The key covers the source's code, gencode and flags, the nvcc and CUTLASS versions and
 :data:`BUILD_VERSION`. An entry is built in a fresh directory under ``tmp/`` and renamed
@@ -21,12 +27,17 @@ Compile errors are cached like successes (``force=True`` retries); a timeout or 
 killed by a signal leaves only ``kernel.cu`` and ``error.log``, which the next build replaces.
 
 Bundles (:func:`build_bundle`) put several programs into one translation unit, to pay for
-parsing the CUTLASS headers once. Each program's file-scope ``#include`` lines are hoisted
-to the top of the bundle (deduplicated) and the rest is wrapped in ``namespace <entry>_ns``;
-``extern "C"`` entry points keep their C names inside it. So a template must keep its
-``#include`` lines at file scope (outside braces and ``#if`` blocks; a program with an
-``#include`` elsewhere is built on its own), must not define before an ``#include`` a macro
-that header reads, and its code must be valid inside a named namespace.
+parsing the CUTLASS headers once. Each program's leading ``#include`` lines are hoisted to
+the top of the bundle (deduplicated), the rest is wrapped in ``namespace <entry>_ns``
+(``extern "C"`` names keep their C names inside it), and each macro the rest defines is
+``#undef``'d after it, so that no program sees another's. A bundled program compiles to the
+same machine code as the program alone, provided nothing that changes code generation sits
+in the source before its ``#include`` lines: settings such as
+``CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED`` are flags (``KernelSource.flags``, part of the
+key; bundles group by flags). :func:`split_includes` enforces the layout it needs, and a
+program it refuses is built on its own: every ``#include`` comes before any code or other
+preprocessor line (``#if`` groups holding only ``#include`` lines are hoisted whole), none
+``#undef``s a macro, and its code is valid inside a named namespace.
 """
 
 from __future__ import annotations
@@ -50,13 +61,18 @@ from hashlib import sha256
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
+from .lower import FATBIN
 from .toolchain import Toolchain, ToolchainError, cutlass_include_dirs, detect_toolchain, find_nvcc
 
 if TYPE_CHECKING:
     from .lower import KernelSource
 
+CU, HOST, LIBRARY = "kernel.cu", "host.cpp", "lib.so"  # the files of a cache entry
+
 # Bump when the build itself changes in a way that changes its output (command, layout).
-BUILD_VERSION = "1"
+# 2: bundles no longer move sm90 sources' includes above the extended-shapes #define; a
+# library built by version 1 in a bundle may be another kernel than its program alone.
+BUILD_VERSION = "2"
 
 LOG_TAIL_CHARS = 20_000
 ERROR_LINES = 3
@@ -115,21 +131,37 @@ def _key(source_key: str, toolchain: Toolchain) -> str:
     return h.hexdigest()
 
 
-def nvcc_command(source: KernelSource, cu: Path | str, library: Path | str) -> str:
+def nvcc_command(
+    source: KernelSource, cu: Path | str, library: Path | str, host: Path | str | None = None
+) -> str:
     """The shell command that compiles ``cu`` (the source's code) to ``library``.
 
-    Names plain ``nvcc`` if none is found, so a command can be written out anywhere.
+    A source with host code needs ``host``, the file holding it: the command then runs in
+    ``library``'s folder, where the device code's fatbin is written for the host code to
+    embed. Names plain ``nvcc`` if none is found, so a command can be written out anywhere.
     """
     try:
         nvcc = str(find_nvcc())
     except ToolchainError:
         nvcc = "nvcc"
-    return shlex.join(_nvcc_args(nvcc, cutlass_include_dirs(), source, cu, library))
+    if source.host_code and host is None:
+        raise ValueError("a source with host code needs the path of its host file")
+    commands = _nvcc_commands(nvcc, cutlass_include_dirs(), source, cu, library, host or HOST)
+    joined = " && ".join(shlex.join(c) for c in commands)
+    if source.host_code:
+        return f"cd {shlex.quote(str(Path(library).parent))} && {joined}"
+    return joined
 
 
-def _nvcc_args(nvcc, include_dirs, source, cu="kernel.cu", library="lib.so") -> list[str]:
+def _nvcc_commands(nvcc, include_dirs, source, cu=CU, library=LIBRARY, host=HOST) -> list[list[str]]:
+    """The nvcc runs that build a source: one, or two for a source with host code."""
     includes = [f"-I{d}" for d in include_dirs]
-    return [str(nvcc), *source.flags, source.gencode, *includes, str(cu), "-o", str(library)]
+    if not source.host_code:
+        return [[str(nvcc), *source.flags, source.gencode, *includes, str(cu), "-o", str(library)]]
+    return [
+        [str(nvcc), "-fatbin", *source.flags, source.gencode, *includes, str(cu), "-o", FATBIN],
+        [str(nvcc), *source.flags, source.gencode, str(host), "-o", str(library)],
+    ]
 
 
 def build(source: KernelSource, *, timeout: float = 600, force: bool = False) -> BuildResult:
@@ -183,92 +215,143 @@ def build_bundle(
 
 @dataclass(frozen=True)
 class _Unit:
-    """One nvcc invocation: a translation unit and the sources it serves."""
+    """One library to build: its translation unit(s) and the sources it serves."""
 
     sources: tuple[KernelSource, ...]
     code: str
+    host_code: str = ""
 
     @classmethod
     def of(cls, sources: Sequence[KernelSource]) -> "_Unit":
-        code = sources[0].code if len(sources) == 1 else bundle_code(sources)
-        return cls(tuple(sources), code)
+        if len(sources) == 1:
+            return cls(tuple(sources), sources[0].code, sources[0].host_code)
+        host = _bundle([s.host_code for s in sources], sources) if sources[0].host_code else ""
+        return cls(tuple(sources), bundle_code(sources), host)
 
     @property
-    def key(self) -> str:
-        """The key a KernelSource with this code would have (its gencode and flags)."""
-        return replace(self.sources[0], code=self.code).key
+    def source(self) -> KernelSource:
+        """A KernelSource with this unit's code (the gencode and flags of its sources)."""
+        return replace(self.sources[0], code=self.code, host_code=self.host_code)
 
 
-# One token of C++ that matters for finding file-scope #include lines: a preprocessor line
-# (with continuations), a comment, a string or character literal, or a brace.
+# One token of C++ that matters for finding the leading #include lines: a preprocessor
+# line (with continuations), a comment, a string or character literal, or a brace.
 _TOKEN = re.compile(
     r"(?P<pp>^[ \t]*#(?:[^\n\\]|\\.)*)"
-    r"|//[^\n]*|/\*.*?\*/"
+    r"|(?P<comment>//[^\n]*|/\*.*?\*/)"
     r"|\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'"
-    r"|(?P<brace>[{}])",
+    r"|[{}]",
     re.MULTILINE | re.DOTALL,
 )
-_INCLUDE = re.compile(r"[ \t]*#[ \t]*include\b")
-_IF = re.compile(r"[ \t]*#[ \t]*if")
-_ENDIF = re.compile(r"[ \t]*#[ \t]*endif\b")
+_DIRECTIVE = re.compile(r"[ \t]*#[ \t]*(\w*)[ \t]*(\w*)")
+_OPENS, _BRANCHES = {"if", "ifdef", "ifndef"}, {"elif", "else", "elifdef", "elifndef"}
 
 
 def split_includes(code: str) -> tuple[list[str], str]:
-    """Split a translation unit into its file-scope ``#include`` lines and the rest.
+    """Split a translation unit into its leading ``#include`` lines and the rest.
 
-    Raises ValueError if an ``#include`` sits inside braces or an ``#if`` block, where
-    hoisting it would change what it means.
+    The leading block is everything before the first code or other preprocessor line:
+    comments, ``#include`` lines and ``#if`` groups that hold only those (returned whole, as
+    one entry). Raises ValueError where hoisting the includes to the top of a bundle could
+    change what the program compiles to: an ``#include`` after the leading block (after
+    code, or after a ``#define`` or other preprocessor state that its header could read),
+    or an ``#undef``, which would reach the programs after it in a bundle.
     """
-    includes: list[str] = []
-    body: list[str] = []
-    depth = conditional = start = 0
-    for token in _TOKEN.finditer(code):
-        if token["brace"]:
-            depth += 1 if token["brace"] == "{" else -1
+    tokens = list(_TOKEN.finditer(code))
+    heads: list[str] = []
+    cuts: list[tuple[int, int]] = []  # spans of the hoisted lines, cut from the rest
+    depth = group = pos = 0  # #if nesting in the leading block; where its open group began
+    rest, stop = len(tokens), None  # first token after the leading block, and what ended it
+    for i, token in enumerate(tokens):
+        if code[pos : token.start()].strip():  # code between tokens
+            rest, stop = i, code[pos : token.start()].strip().splitlines()[0]
+            break
+        pos = token.end()
+        if token["comment"]:
             continue
-        line = token["pp"]
-        if line is None:
-            continue
-        if _IF.match(line):
-            conditional += 1
-        elif _ENDIF.match(line):
-            conditional -= 1
-        elif _INCLUDE.match(line):
-            if depth or conditional:
-                raise ValueError(f"#include not at file scope: {line.strip()}")
-            includes.append(line.strip())
-            body.append(code[start : token.start()])
-            start = token.end() + 1  # and its newline
+        if token["pp"] is None:  # a string or a brace
+            rest, stop = i, token.group()
+            break
+        name = _DIRECTIVE.match(token["pp"]).group(1)
+        if name in _OPENS:
+            if depth == 0:
+                group = i
+            depth += 1
+        elif name in _BRANCHES and depth:
+            pass
+        elif name == "endif" and depth:
+            depth -= 1
+            if depth == 0:
+                start = tokens[group].start()
+                heads.append("\n".join(ln.strip() for ln in code[start : token.end()].splitlines()))
+                cuts.append((start, token.end() + 1))  # and its newline
+        elif name == "include":
+            if depth == 0:  # (one inside a group goes with the group)
+                heads.append(token["pp"].strip())
+                cuts.append((token.start(), token.end() + 1))
+        else:
+            rest, stop = i, token["pp"].strip()
+            break
+    if depth:  # a group that holds more than includes stays in the rest, whole
+        rest = min(rest, group)
+    for token in tokens[rest:]:
+        name = _DIRECTIVE.match(token["pp"]).group(1) if token["pp"] else ""
+        if name == "include":
+            raise ValueError(f"{token['pp'].strip()} comes after {stop!r}: #include lines must come first")
+        if name == "undef":
+            raise ValueError(f"{token['pp'].strip()}: a bundle cannot keep it from the programs after it")
+    body, start = [], 0
+    for a, b in cuts:
+        body.append(code[start:a])
+        start = b
     body.append(code[start:])
-    return includes, "".join(body)
+    return heads, "".join(body)
+
+
+def _defined_macros(code: str) -> list[str]:
+    """The names of the macros ``code`` #defines, in order."""
+    names: dict[str, None] = {}
+    for token in _TOKEN.finditer(code):
+        if token["pp"]:
+            name, macro = _DIRECTIVE.match(token["pp"]).groups()
+            if name == "define" and macro:
+                names[macro] = None
+    return list(names)
 
 
 def bundle_code(sources: Sequence[KernelSource]) -> str:
-    """One translation unit holding every source: hoisted includes, then one namespace per
-    program. Raises ValueError if a source's includes cannot be hoisted."""
+    """One translation unit holding every source's code: the hoisted includes, then one
+    namespace per program. Raises ValueError if a source cannot be bundled
+    (:func:`split_includes`)."""
+    return _bundle([s.code for s in sources], sources)
+
+
+def _bundle(codes: Sequence[str], sources: Sequence[KernelSource]) -> str:
     includes: dict[str, None] = {}
     bodies = []
-    for source in sources:
-        head, body = split_includes(source.code)
+    for code, source in zip(codes, sources):
+        head, body = split_includes(code)
         includes.update(dict.fromkeys(head))
         ns = f"{source.entry}_ns"
-        bodies.append(f"namespace {ns} {{\n{body.rstrip()}\n}}  // namespace {ns}\n")
+        undef = "".join(f"#undef {name}\n" for name in _defined_macros(body))
+        bodies.append(f"namespace {ns} {{\n{body.rstrip()}\n}}  // namespace {ns}\n{undef}")
     banner = "// l2gen bundle: " + " ".join(s.entry for s in sources)
     return "\n".join([banner, *includes, "", *bodies])
 
 
 def _plan(sources: list[KernelSource], max_size: int | None, jobs: int) -> list[_Unit]:
-    """Cut sources into translation units: singles, or bundles of one gencode and flags."""
+    """Cut sources into units: singles, or bundles of one gencode, flags and layout."""
     if max_size == 1:
         return [_Unit.of([s]) for s in sources]
     units, groups = [], {}
     for source in sources:
         try:
-            split_includes(source.code)
+            for code in (source.code, source.host_code) if source.host_code else (source.code,):
+                split_includes(code)
         except ValueError:
             units.append(_Unit.of([source]))
             continue
-        groups.setdefault((source.gencode, source.flags), []).append(source)
+        groups.setdefault((source.gencode, source.flags, bool(source.host_code)), []).append(source)
     for members in groups.values():
         size = max_size or max(2, math.ceil(len(members) / jobs))
         units += [_Unit.of(members[i : i + size]) for i in range(0, len(members), size)]
@@ -364,9 +447,9 @@ def _compile(
 ) -> BuildResult:
     """Run nvcc on one unit and publish the entry; the result names the unit's first source."""
     source = unit.sources[0]
-    final = _entry_dir(_key(unit.key, toolchain))
-    args = _nvcc_args(toolchain.nvcc, toolchain.include_dirs, source)
-    command = f"cd {shlex.quote(str(final))} && {shlex.join(args)}"
+    final = _entry_dir(_key(unit.source.key, toolchain))
+    commands = _nvcc_commands(toolchain.nvcc, toolchain.include_dirs, unit.source)
+    command = " && ".join([f"cd {shlex.quote(str(final))}", *(shlex.join(c) for c in commands)])
     try:
         if not force:  # another builder may have finished it since the caller looked
             hit = _load(final, source)
@@ -377,10 +460,12 @@ def _compile(
     except OSError as e:
         return _failure(source, f"cannot use the build cache at {cache_dir()}: {e}", command)
     try:
-        (work / "kernel.cu").write_text(unit.code)
+        (work / CU).write_text(unit.code)
+        if unit.host_code:
+            (work / HOST).write_text(unit.host_code)
         with nvcc_slots():
             start = time.monotonic()
-            status, output, timed_out = _run(args, work, timeout, live)
+            status, output, timed_out = _run(commands, work, timeout, live)
             seconds = time.monotonic() - start
         meta = {
             "command": command,
@@ -419,8 +504,20 @@ def _failure(source: KernelSource, error: str, command: str = "") -> BuildResult
     return BuildResult(source, None, error=error, log=error, command=command)
 
 
-def _run(args: list[str], cwd: Path, timeout: float, live: set) -> tuple[int, str, bool]:
-    """Run a command in its own process group; on timeout, kill the whole group."""
+def _run(commands: list[list[str]], cwd: Path, timeout: float, live: set) -> tuple[int, str, bool]:
+    """Run commands one after another, each in its own process group, until one fails;
+    ``timeout`` covers them all, and on timeout the running group is killed whole."""
+    deadline = time.monotonic() + timeout
+    outputs: list[str] = []
+    for args in commands:
+        status, output, timed_out = _run_one(args, cwd, deadline - time.monotonic(), live)
+        outputs.append(output)
+        if status != 0 or timed_out:
+            break
+    return status, "".join(outputs), timed_out
+
+
+def _run_one(args: list[str], cwd: Path, timeout: float, live: set) -> tuple[int, str, bool]:
     proc = subprocess.Popen(
         args,
         cwd=cwd,
@@ -432,7 +529,7 @@ def _run(args: list[str], cwd: Path, timeout: float, live: set) -> tuple[int, st
     live.add(proc)
     timed_out = False
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=max(timeout, 0.001))
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(proc)
@@ -527,7 +624,9 @@ def _alias_members(unit: _Unit, result: BuildResult, toolchain: Toolchain, force
         try:
             work = Path(tempfile.mkdtemp(prefix=final.name[:16] + ".", dir=cache_dir() / "tmp"))
             try:
-                (work / "kernel.cu").write_text(source.code)
+                (work / CU).write_text(source.code)
+                if source.host_code:
+                    (work / HOST).write_text(source.host_code)
                 (work / "build.json").write_text(json.dumps(meta, indent=1))
                 final.parent.mkdir(parents=True, exist_ok=True)
                 # tmp/<name> and <key[:2]>/<key> are equally deep: the link resolves in both.

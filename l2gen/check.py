@@ -50,9 +50,6 @@ L2GEN_COLS = tuple(range(8, 257, 8))
 L2GEN_TILE_K = (64, 128)
 L2GEN_STAGES = range(2, 9)
 L2GEN_MAX_SPLITS = 8  # the portable cluster size: the CTAs of one cluster split one tile
-# wgmma widths CuTe declares without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; the others
-# pull in its extended headers (a slower build, the same kernel)
-WGMMA_BASE_WIDTHS = (8, 16, 32, 64, 96, 128, 192, 256)
 
 
 def sm80_smem_bytes(cfg: Sm80Config) -> int:

@@ -110,7 +110,12 @@ def cmd_compile(args) -> int:
         source = lower(program, args.gpu)
         cu = out / f"{Path(path).stem}.cu"
         cu.write_text(source.code)
-        command = nvcc_command(source, cu, cu.with_suffix(".so"))
+        if source.host_code:  # two steps, run in out/: the device code's fatbin, the library
+            host = out / f"{Path(path).stem}.host.cpp"
+            host.write_text(source.host_code)
+            command = nvcc_command(source, cu.absolute(), cu.with_suffix(".so").absolute(), host.absolute())
+        else:
+            command = nvcc_command(source, cu, cu.with_suffix(".so"))
         (out / f"{Path(path).stem}.nvcc.sh").write_text("#!/bin/sh\n" + command + "\n")
         print(f"{cu}  (entry {source.entry})")
         if args.verbose:

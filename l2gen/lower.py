@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from .check import WGMMA_BASE_WIDTHS, check, l2gen_operands
+from .check import check, l2gen_operands
 from .diagnostics import DiagnosticError, errors
 from .ir import Family, Program, Sm90L2genConfig
 from .printer import format_program
@@ -23,11 +23,15 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 if not TEMPLATE_DIR.is_dir():  # running from a source checkout
     TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 
+# family -> (the CUDA translation unit, the host translation unit or None). A family with a
+# host template builds its CUDA unit alone to a fatbin (FATBIN) that the host unit embeds,
+# so that its host code never parses CuTe.
 TEMPLATE_OF = {
-    Family.SM80: "sm80_gemm.cu.j2",
-    Family.SM90: "sm90_gemm.cu.j2",
-    Family.SM90_L2GEN: "sm90_l2gen_gemm.cu.j2",
+    Family.SM80: ("sm80_gemm.cu.j2", "sm80_host.cpp.j2"),
+    Family.SM90: ("sm90_gemm.cu.j2", None),
+    Family.SM90_L2GEN: ("sm90_l2gen_gemm.cu.j2", None),
 }
+FATBIN = "kernel.fatbin"  # where the build writes a two-unit source's device code
 
 # Flags every build gets. -DNDEBUG matters on sm90: CUTLASS's asserts make ptxas serialize
 # the wgmma pipeline (warning C7510) and slow the kernel down.
@@ -40,6 +44,13 @@ BASE_FLAGS = (
     "-shared",
 )
 
+# The wgmma N extents CuTe's op selector offers without its extended shapes; a tile width
+# outside them needs the macro below, or CuTe splits the width into narrower wgmmas (160
+# into five N = 32). The macro costs half of a build (2.8 MB more headers), so only those
+# tiles get it, and as a flag: a #define in the source can be reordered by bundling.
+STANDARD_WGMMA_N = frozenset({8, 16, 32, 64, 96, 128, 192, 256})
+EXTENDED_MMA_SHAPES_FLAG = "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+
 
 @dataclass(frozen=True)
 class KernelSource:
@@ -48,15 +59,18 @@ class KernelSource:
     program: Program
     gpu: str
     entry: str  # exported symbol; E_workspace and E_program are exported beside it
-    code: str  # the whole .cu translation unit
+    code: str  # the .cu translation unit: the whole program, or its device code
     gencode: str  # nvcc -gencode flag
     flags: tuple[str, ...] = BASE_FLAGS
+    # Host-only C++ (no CUDA code) holding the entry points. When set, ``code`` is built
+    # alone to the fatbin FATBIN, which this embeds; the two are built into the library.
+    host_code: str = ""
 
     @property
     def key(self) -> str:
         """Content hash of the source and flags (the build cache adds the toolchain)."""
         h = hashlib.sha256()
-        for part in (self.code, self.gencode, *self.flags):
+        for part in (self.code, self.gencode, *self.flags, self.host_code):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
@@ -97,6 +111,7 @@ def template_context(program: Program, gpu: Gpu) -> dict:
         "bn": cfg.tile.n,
         "bk": cfg.tile.k,
         "stages": cfg.stages,
+        "fatbin": FATBIN,
     }
     if isinstance(cfg, Sm90L2genConfig):
         kbm, kbn = cfg.kernel_tile
@@ -110,6 +125,7 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             q_kmajor=q_kmajor,
             split_k=cfg.split_k.value,
             hints=cfg.hints.value,
+            extended_mma_shapes=needs_extended_mma_shapes(program),
         )
         return ctx
     ctx["epilogue"] = cfg.epilogue.value
@@ -131,8 +147,31 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             ck=cfg.cluster[2],
             mainloop=cfg.mainloop.value,
             scheduler=cfg.scheduler.value,
+            extended_mma_shapes=needs_extended_mma_shapes(program),
         )
     return ctx
+
+
+def wgmma_n(program: Program) -> int | None:
+    """The N extent of an sm90a program's wgmma instructions (None for sm80): the tile's
+    BN, or for l2gen's own kernel the columns of its kernel tile (BM with swap_ab)."""
+    cfg = program.config
+    if isinstance(cfg, Sm90L2genConfig):
+        return cfg.kernel_tile[1]
+    return cfg.tile.n if program.family is Family.SM90 else None
+
+
+def needs_extended_mma_shapes(program: Program) -> bool:
+    """Whether an sm90a program's wgmma width needs CuTe's extended wgmma shapes."""
+    n = wgmma_n(program)
+    return n is not None and n not in STANDARD_WGMMA_N
+
+
+def build_flags(program: Program) -> tuple[str, ...]:
+    """The nvcc flags of a program's build: :data:`BASE_FLAGS`, and every setting that
+    changes code generation (none may live in the source, where bundling moves it)."""
+    extra = (EXTENDED_MMA_SHAPES_FLAG,) if needs_extended_mma_shapes(program) else ()
+    return BASE_FLAGS + extra
 
 
 def lower(program: Program, gpu: Gpu) -> KernelSource:
@@ -141,22 +180,15 @@ def lower(program: Program, gpu: Gpu) -> KernelSource:
     if problems:
         raise DiagnosticError(problems)
     ctx = template_context(program, gpu)
-    code = _environment().get_template(TEMPLATE_OF[program.family]).render(**ctx)
+    unit, host = TEMPLATE_OF[program.family]
+    env = _environment()
     return KernelSource(
         program=program,
         gpu=gpu.name,
         entry=ctx["entry"],
-        code=code,
+        code=env.get_template(unit).render(**ctx),
         gencode=gpu.gencode(program.family),
-        flags=BASE_FLAGS + extra_flags(program),
+        flags=build_flags(program),
+        host_code=env.get_template(host).render(**ctx) if host else "",
     )
 
-
-def extra_flags(program: Program) -> tuple[str, ...]:
-    """Compiler flags a program needs beyond :data:`BASE_FLAGS`. They travel with the
-    source (and its cache key), never as a ``#define`` in the code, where bundling several
-    programs into one translation unit could reorder them."""
-    cfg = program.config
-    if isinstance(cfg, Sm90L2genConfig) and cfg.kernel_tile[1] not in WGMMA_BASE_WIDTHS:
-        return ("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",)
-    return ()

@@ -1,11 +1,14 @@
-"""The toolchain a build needs: nvcc, the CUTLASS/CuTe headers and (for baselines) cuBLAS.
+"""The toolchain a build needs: nvcc, the CUTLASS/CuTe headers and (for baselines) cuBLAS;
+and the disassembler that reads what a build made.
 
 Every lookup reads the environment when it is called, never at import, so a user or a test
 can point l2gen elsewhere with a variable:
 
 - ``L2GEN_NVCC``: the nvcc executable (wins over everything else);
 - ``CUDA_HOME`` / ``CUDA_PATH``: a CUDA toolkit;
-- ``L2GEN_CUTLASS_DIR``: a CUTLASS checkout (instead of the ``nvidia-cutlass`` wheel).
+- ``L2GEN_CUTLASS_DIR``: a CUTLASS checkout (instead of the ``nvidia-cutlass`` wheel);
+- ``L2GEN_CUOBJDUMP``: cuobjdump, with nvdisasm beside it (only for reading what a build
+  made, :mod:`l2gen.sass`).
 
 A missing or broken piece raises :class:`ToolchainError`, whose message says how to fix it.
 """
@@ -27,6 +30,8 @@ SYSTEM_CUDA_DIRS: tuple[Path, ...] = (Path("/usr/local/cuda"),)
 # Where NVIDIA's pip wheels put things, relative to the `nvidia` namespace package: the
 # CUDA 13 wheels share one `cu13` tree, the CUDA 12 ones have a folder per component.
 NVCC_WHEEL_PATHS = ("cu13/bin/nvcc", "cuda_nvcc/bin/nvcc")
+# cuobjdump -sass runs nvdisasm, which comes in a wheel of its own.
+DISASSEMBLER_WHEEL_DIRS = ("cu13/bin", "cuda_cuobjdump/bin", "cuda_nvdisasm/bin")
 CUBLAS_WHEEL_DIRS = (("cu13/include", "cu13/lib"), ("cublas/include", "cublas/lib"))
 TOOLKIT_CUBLAS_DIRS = (
     ("include", "lib64"),
@@ -118,6 +123,36 @@ def find_nvcc() -> Path:
     if not _toolkit_dirs():
         looked.append("  - $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc (neither is set)")
     raise ToolchainError(NVCC_MISSING.format(looked="\n".join(looked)))
+
+
+def find_disassembler() -> tuple[Path, Path]:
+    """cuobjdump and the nvdisasm that its ``-sass`` runs, for checking what a build made
+    (a build never needs them). Looks in the folder of ``$L2GEN_CUOBJDUMP``, on PATH,
+    beside nvcc, in ``$CUDA_HOME/bin``, in the ``nvidia-cuda-cuobjdump`` and
+    ``nvidia-cuda-nvdisasm`` wheels and in ``/usr/local/cuda/bin``. Raises ToolchainError."""
+    explicit = os.environ.get("L2GEN_CUOBJDUMP")
+    if explicit and not _is_executable(Path(explicit).expanduser()):
+        raise ToolchainError(f"L2GEN_CUOBJDUMP is set to '{explicit}', which is not an executable file.")
+    dirs = [Path(explicit).expanduser().parent] if explicit else []
+    dirs += [Path(p).parent for p in (shutil.which("cuobjdump"), shutil.which("nvdisasm")) if p]
+    try:
+        dirs.append(find_nvcc().resolve().parent)
+    except ToolchainError:
+        pass
+    dirs += [d / "bin" for d in _toolkit_dirs()]
+    dirs += [d / rel for d in _wheel_dirs() for rel in DISASSEMBLER_WHEEL_DIRS]
+    dirs += [d / "bin" for d in SYSTEM_CUDA_DIRS]
+    found = [next((d / name for d in dirs if _is_executable(d / name)), None)
+             for name in ("cuobjdump", "nvdisasm")]
+    if explicit:
+        found[0] = Path(explicit).expanduser()
+    if None in found:
+        missing = " and ".join(n for n, f in zip(("cuobjdump", "nvdisasm"), found) if f is None)
+        raise ToolchainError(
+            f"{missing} not found (PATH, nvcc's folder, CUDA_HOME, the pip wheels, /usr/local/cuda).\n"
+            "To fix this: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (or the 'test' "
+            "extra), install the CUDA toolkit, or set L2GEN_CUOBJDUMP with nvdisasm beside it.")
+    return found[0], found[1]
 
 
 def nvcc_version(nvcc: Path) -> str:

@@ -4,7 +4,8 @@ unit with the documented ABI, which the build can bundle."""
 from hypothesis import HealthCheck, given, settings
 
 from l2gen.build import split_includes
-from l2gen.lower import lower
+from l2gen.ir import Family
+from l2gen.lower import EXTENDED_MMA_SHAPES_FLAG, STANDARD_WGMMA_N, lower
 from l2gen.printer import format_program
 from l2gen.targets import GPUS
 
@@ -25,14 +26,30 @@ def test_lowering_is_deterministic(program):
 @given(valid_program())
 def test_lowered_source_has_the_abi(program):
     source = lower(program, H200)
+    entries = source.host_code or source.code  # the host code holds them, when there is some
     for symbol in (source.entry, f"{source.entry}_workspace", f"{source.entry}_program"):
-        assert f"{symbol}(" in source.code
-    assert source.code.count('extern "C"') >= 3
+        assert f"{symbol}(" in entries
+    assert entries.count('extern "C"') >= 3
     assert format_program(program).splitlines()[0] in source.code  # the program, as a comment
     assert "-DNDEBUG" in source.flags
     assert ("sm_90a" in source.gencode) == (program.family.arch == "sm90a")
-    includes, _body = split_includes(source.code)
-    assert any("cute" in line or "cutlass" in line for line in includes)  # hoistable for bundles
+    includes, _body = split_includes(source.code)  # bundleable: every include comes first
+    assert any("cute" in line or "cutlass" in line for line in includes)
+    if source.host_code:  # the host code is plain C++: no CuTe for the host compiler
+        host_includes, _ = split_includes(source.host_code)
+        assert not any("cute" in line or "cutlass" in line for line in host_includes)
+
+
+@SLOW
+@given(valid_program())
+def test_code_generation_settings_are_flags(program):
+    source = lower(program, H200)
+    n = program.config.tile.n if program.family is Family.SM90 else None
+    if program.family is Family.SM90_L2GEN:
+        n = program.config.kernel_tile[1]
+    wide = n is not None and n not in STANDARD_WGMMA_N
+    assert (EXTENDED_MMA_SHAPES_FLAG in source.flags) == wide
+    assert "#define CUTE_" not in source.code + source.host_code
 
 
 @SLOW

@@ -8,6 +8,7 @@ import stat
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from l2gen.build import (
     split_includes,
 )
 from l2gen.ir import BLayout, Family, Program, Sm80Config, Tile
-from l2gen.lower import KernelSource
+from l2gen.lower import BASE_FLAGS, KernelSource
 from l2gen.toolchain import ToolchainError, detect_toolchain
 
 # Stands in for nvcc: reports a version, logs each compile, and acts on markers in the
@@ -380,26 +381,45 @@ def test_nvcc_command_for_a_file(env, tmp_path):
 # ---- bundles -----------------------------------------------------------------------------
 
 
-def test_split_includes_hoists_file_scope_includes():
+def test_split_includes_hoists_the_leading_includes():
     code = (
-        "// banner\n#include <a>\n#define X 1\n"
-        'static const char* s = "{ #include <not> }";\n'
+        "// banner\n#include <a>\n/* why */\n"
+        "#if defined(__CUDA_ARCH__)\n#  include <dev>\n#else\n#include <host>\n#endif\n"
         '  #  include "b.h"\n'
+        "#define X 1\n"
+        'static const char* s = "{ #include <not> }";\n'
         "namespace { int f() { return 1; } }\n"
     )
     includes, rest = split_includes(code)
-    assert includes == ["#include <a>", '#  include "b.h"']
-    assert "include" not in rest.replace("#include <not>", "")
-    assert rest.startswith("// banner\n#define X 1\n") and rest.endswith("} }\n")
+    assert includes == [
+        "#include <a>",
+        "#if defined(__CUDA_ARCH__)\n#  include <dev>\n#else\n#include <host>\n#endif",
+        '#  include "b.h"',
+    ]
+    assert "#if" not in rest and "include" not in rest.replace("#include <not>", "")
+    assert rest.startswith("// banner\n/* why */\n#define X 1\n") and rest.endswith("} }\n")
 
 
 @pytest.mark.parametrize(
     "code",
-    ["void f() {\n#include <a>\n}\n", "#ifdef X\n#include <a>\n#endif\n"],
+    [
+        # the sm90 template's old layout: bundling moved its includes above the #define
+        "#ifndef CUTE_X\n#define CUTE_X\n#endif\n#include <cute/tensor.hpp>\n",
+        "#define X 1\n#include <a>\n",
+        "#pragma pack(1)\n#include <a>\n",
+        "#include <a>\nint x;\n#include <b>\n",
+        "void f() {\n#include <a>\n}\n",
+        "#ifdef X\n#include <a>\nint y;\n#endif\n",
+    ],
 )
-def test_split_includes_refuses_nested_includes(code):
-    with pytest.raises(ValueError, match="#include not at file scope"):
+def test_split_includes_refuses_an_include_after_state(code):
+    with pytest.raises(ValueError, match="#include lines must come first"):
         split_includes(code)
+
+
+def test_split_includes_refuses_undef():
+    with pytest.raises(ValueError, match="#undef"):
+        split_includes("#include <a>\n#undef NDEBUG\n")
 
 
 def test_bundle_code_namespaces_each_program():
@@ -410,6 +430,15 @@ def test_bundle_code_namespaces_each_program():
     assert "namespace l2gen_a_ns {" in code and "namespace l2gen_b_ns {" in code
     assert code.index("namespace l2gen_a_ns") < code.index('extern "C" int l2gen_a(')
     assert code.index("namespace l2gen_b_ns") < code.index("static int helper;")
+
+
+def test_bundle_code_keeps_each_programs_macros_to_itself():
+    a = source("#define TILE 128\n#define KEEP(x) x\nint a = TILE;", entry="l2gen_a")
+    b = source("#define TILE 160\nint b = TILE;", entry="l2gen_b")
+    code = bundle_code([a, b])
+    undef = code.index("#undef TILE")
+    assert code.index("int a = TILE;") < undef < code.index("#define TILE 160")
+    assert "#undef KEEP" in code and code.count("#undef TILE") == 2
 
 
 def test_bundle_builds_once_and_members_become_cache_hits(env):
@@ -463,9 +492,80 @@ def test_bundles_group_by_gencode_and_flags(env):
 
 
 def test_bundle_size_and_unbundleable_sources(env):
-    nested = KernelSource(PROGRAM, "a100", "l2gen_n", "#ifdef X\n#include <a>\n#endif\n", SM80)
+    nested = KernelSource(PROGRAM, "a100", "l2gen_n", "#define X\n#include <a>\n", SM80)
     srcs = [source(entry=f"l2gen_{i}") for i in range(4)] + [nested]
     results = build_bundle(srcs, max_size=2)
     assert calls(env) == 3 and all(r.ok for r in results)
     assert len({r.library for r in results}) == 3
     assert results[4].library.read_text() == nested.code
+
+
+def test_bundles_group_by_flags(env):
+    wide = ("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",)
+    srcs = [source(entry="l2gen_a"), replace(source(entry="l2gen_b"), flags=BASE_FLAGS + wide),
+            source(entry="l2gen_c"), replace(source(entry="l2gen_d"), flags=BASE_FLAGS + wide)]
+    results = build_bundle(srcs, jobs=1)
+    assert calls(env) == 2
+    assert results[0].library == results[2].library != results[1].library == results[3].library
+    assert "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in results[1].command
+    assert "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in results[0].command
+
+
+# ---- sources with host code: the device code built alone, then the host code -----------
+
+
+def two_unit(entry: str, body: str = "") -> KernelSource:
+    device = f'#include <cuda_fp16.h>\n\nextern "C" __global__ void {entry}_gemm() {{}}\n{body}\n'
+    host = f'#include <cuda_runtime.h>\n#define L2GEN_OK 0\nextern "C" int {entry}(int x) {{ return x; }}\n'
+    return replace(source(entry=entry), code=device, host_code=host)
+
+
+def test_a_source_with_host_code_builds_in_two_steps(env):
+    src = two_unit("l2gen_two")
+    result = build(src)
+    assert result.ok and calls(env) == 2
+    entry = result.library.parent
+    assert sorted(p.name for p in entry.iterdir()) == [
+        "build.json", "host.cpp", "kernel.cu", "kernel.fatbin", "lib.so"]
+    assert (entry / "kernel.fatbin").read_text() == src.code  # the fake copies its input
+    assert result.library.read_text() == src.host_code
+    device, host = log_lines(env)
+    assert "-fatbin" in device.split() and device.endswith("kernel.cu -o kernel.fatbin")
+    assert "-fatbin" not in host.split() and host.endswith("host.cpp -o lib.so")
+    assert result.command.startswith(f"cd {entry} && ") and result.command.count(" && ") == 2
+    assert build(src).cached and calls(env) == 2
+    assert cache_key(src, detect_toolchain()) != cache_key(replace(src, host_code=""), detect_toolchain())
+
+
+def test_a_failing_device_step_stops_the_build(env):
+    result = build(two_unit("l2gen_bad", body="FAKE_FAIL"))
+    assert not result.ok and calls(env) == 1 and "FAKE_FAIL" in result.error
+
+
+def test_two_unit_sources_bundle_both_units(env):
+    a, b, plain = two_unit("l2gen_a"), two_unit("l2gen_b"), source(entry="l2gen_c")
+    results = build_bundle([a, b, plain], max_size=3)
+    assert all(r.ok for r in results) and calls(env) == 3  # plain is built on its own
+    assert results[0].library == results[1].library != results[2].library
+    host = results[0].library.read_text()
+    assert host.count("#include <cuda_runtime.h>") == 1
+    assert 'int l2gen_a(int x)' in host and 'int l2gen_b(int x)' in host
+    assert host.count("#undef L2GEN_OK") == 2
+    device = (results[0].library.resolve().parent / "kernel.fatbin").read_text()
+    assert "l2gen_a_gemm" in device and "l2gen_b_gemm" in device
+    alone = build(b)
+    assert alone.cached and (alone.library.parent / "host.cpp").read_text() == b.host_code
+
+
+def test_nvcc_command_for_a_source_with_host_code(env, tmp_path):
+    src = two_unit("l2gen_two")
+    with pytest.raises(ValueError):
+        build_mod.nvcc_command(src, tmp_path / "k.cu", tmp_path / "k.so")
+    command = build_mod.nvcc_command(src, tmp_path / "k.cu", tmp_path / "k.so", tmp_path / "k.cpp")
+    assert command.startswith(f"cd {tmp_path} && ")
+    assert f"{tmp_path / 'k.cu'} -o kernel.fatbin && " in command
+    assert command.endswith(f"{tmp_path / 'k.cpp'} -o {tmp_path / 'k.so'}")
+
+
+def log_lines(log: Path) -> list[str]:
+    return log.read_text().splitlines()
