@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from .timing import median, spread
+from .timing import median, round_robin, spread
 
 GRAPH_REPLAYS = 20  # replays of each runner's graph; a call's time is the median over N
 GRAPH_MIN_CALLS = 10  # the fewest calls a graph holds (a slow shape's graph)
@@ -109,28 +109,12 @@ def time_graph(
         except runtime.CaptureError as exc:
             failures[name] = f"cannot be captured in a CUDA graph: {exc}"
     names = list(graphs)
-    events = {name: (runtime.Event(), runtime.Event()) for name in names}
-    times: dict[str, list[float]] = {name: [] for name in names}
     try:
         for name in names:  # the first launch uploads the graph
             graphs[name].launch(stream)
         runtime.synchronize()
-        for r in range(replays):
-            shift = r % len(names) if names else 0
-            for name in names[shift:] + names[:shift]:
-                start, end = events[name]
-                flush(stream)
-                start.record(stream)
-                graphs[name].launch(stream)
-                end.record(stream)
-            runtime.synchronize()
-            for name in names:
-                start, end = events[name]
-                times[name].append(1000.0 * start.elapsed_ms(end))
+        times = round_robin({name: graphs[name].launch for name in names}, stream, flush, replays)
     finally:
-        for pair in events.values():
-            for event in pair:
-                _quietly(event.destroy)
         for graph in graphs.values():
             _quietly(graph.destroy)
     samples = {name: GraphSample(name, calls, len(runner_sets[name]), tuple(times[name])) for name in names}

@@ -166,20 +166,36 @@ def time_interleaved(
     on another stream. Then, if ``wall_check``, each runner's back-to-back batch is timed
     for :func:`escaped`.
     """
-    from .runtime import Event, synchronize
+    from .runtime import synchronize
 
     if reps < MIN_REPS:
         raise ValueError(f"reps={reps}: the median needs at least {MIN_REPS} runs")
     names = list(runners)
+    for _ in range(warmup):
+        for name in names:
+            runners[name](stream)
+    synchronize()
+    times = round_robin(runners, stream, flush, reps)
+
+    samples = {}
+    for name in names:
+        sample = TimingSample(name, tuple(times[name]))
+        samples[name] = with_escape_check(sample, runners[name], stream) if wall_check else sample
+    return samples
+
+
+def round_robin(runners: Mapping[str, Runner], stream: int, flush: Callable[[int], None], rounds: int) -> dict[str, list[float]]:
+    """Event times (µs) of every runner in ``rounds`` rounds. Round ``i`` runs the runners
+    in the order rotated by ``i``, each as ``flush; event; run; event`` on ``stream``, and
+    ends with a device-wide synchronize (which also drains work left on other streams)."""
+    from .runtime import Event, synchronize
+
+    names = list(runners)
     events = {name: (Event(), Event()) for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}
     try:
-        for _ in range(warmup):
-            for name in names:
-                runners[name](stream)
-        synchronize()
-        for i in range(reps):
-            shift = i % len(names)
+        for i in range(rounds):
+            shift = i % len(names) if names else 0
             for name in names[shift:] + names[:shift]:
                 start, end = events[name]
                 flush(stream)
@@ -197,12 +213,7 @@ def time_interleaved(
                     event.destroy()
                 except Exception:
                     pass
-
-    samples = {}
-    for name in names:
-        sample = TimingSample(name, tuple(times[name]))
-        samples[name] = with_escape_check(sample, runners[name], stream) if wall_check else sample
-    return samples
+    return times
 
 
 def with_escape_check(sample: TimingSample, runner: Runner, stream: int) -> TimingSample:

@@ -19,25 +19,6 @@ pytestmark = [
 SHAPES = [(64, 4096, 4096), (1024, 1024, 1024), (100, 200, 72), (4096, 4096, 4096)]
 
 
-@pytest.fixture(scope="module")
-def shim():
-    from l2gen.baselines import ShimError, build_shim
-
-    try:
-        return str(build_shim())
-    except ShimError as e:
-        pytest.skip(f"cuBLAS shim unavailable: {e}")
-
-
-@pytest.fixture(scope="module")
-def worker():
-    from l2gen.worker import Worker
-
-    w = Worker(timeout=300)
-    yield w
-    w.close()
-
-
 def run(worker, shim, m, n, k, layout="kn", reps=50):
     from l2gen.baselines import BASELINES
     from l2gen.worker import measure

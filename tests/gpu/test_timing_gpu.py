@@ -31,25 +31,6 @@ def device():
     stream.destroy()
 
 
-@pytest.fixture(scope="module")
-def shim():
-    from l2gen.baselines import ShimError, build_shim
-
-    try:
-        return str(build_shim())
-    except ShimError as e:
-        pytest.skip(f"cuBLAS shim unavailable: {e}")
-
-
-@pytest.fixture(scope="module")
-def worker():
-    from l2gen.worker import Worker
-
-    w = Worker(timeout=300)
-    yield w
-    w.close()
-
-
 def _median_after(device, l2: str, runner) -> float:
     from l2gen.probes import Flush
     from l2gen.timing import time_interleaved
