@@ -130,14 +130,25 @@ def choices_of(program: Program) -> dict:
     return out
 
 
+def splits_apply(config: Sm80Config | Sm90Config | Sm90L2genConfig) -> bool:
+    """Whether a compile-time configuration splits K, so that the ``splits`` knob means
+    something: sm80 and sm90a l2gen with a ``split_k`` other than none, sm90a CUTLASS
+    with the stream-K scheduler."""
+    if isinstance(config, Sm90Config):
+        return config.scheduler is Scheduler.STREAM_K
+    return config.split_k is not SplitK.NONE
+
+
 def sanitize(program: Program) -> Program:
     """Make knob defaults consistent with compile-time choices (splits need a splitter)."""
     c = program.config
-    if isinstance(c, (Sm80Config, Sm90L2genConfig)) and c.split_k is SplitK.NONE and program.knobs.splits != 1:
-        return program.with_knobs(splits=1)
-    if isinstance(c, Sm90Config) and c.scheduler is Scheduler.PERSISTENT:
+    if splits_apply(c):
+        return program
+    if isinstance(c, Sm90Config):
         if program.knobs.splits != 1 or program.knobs.decomposition is not Decomposition.HEURISTIC:
             return program.with_knobs(splits=1, decomposition=Decomposition.HEURISTIC)
+    elif program.knobs.splits != 1:
+        return program.with_knobs(splits=1)
     return program
 
 

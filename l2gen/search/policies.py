@@ -27,14 +27,11 @@ from ..ir import (
     Family,
     Program,
     Scheduler,
-    Sm80Config,
     Sm90Config,
-    Sm90L2genConfig,
-    SplitK,
 )
 from ..parse import parse
 from ..printer import format_program
-from ..space import SLOTS, Slot, assemble, choices_of, random_program, sanitize
+from ..space import SLOTS, Slot, assemble, choices_of, random_program, sanitize, splits_apply
 from ..targets import Gpu, get_gpu
 from .base import REWARD_REJECTED, Measurement, Proposal, Shape, program_key, reward
 
@@ -75,10 +72,7 @@ def _encode(value) -> str:
 def _active(program: Program) -> set[str]:
     """Slots that matter for this program (split counts need a splitter)."""
     names = {s.name for s in SLOTS[program.family]}
-    cfg = program.config
-    if isinstance(cfg, (Sm80Config, Sm90L2genConfig)) and cfg.split_k is SplitK.NONE:
-        names.discard("splits")
-    if isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.PERSISTENT:
+    if not splits_apply(program.config):
         names -= {"splits", "decomposition"}
     return names
 
@@ -145,13 +139,7 @@ def _derived(program: Program, shape: Shape, gpu: Gpu) -> list[float]:
     cfg, kn = program.config, program.knobs
     t = cfg.tile
     tm, tn = math.ceil(shape.m / t.m), math.ceil(shape.n / t.n)
-    splits = 1
-    if (
-        isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.PARALLEL
-        or isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K
-        or isinstance(cfg, Sm90L2genConfig) and cfg.split_k is not SplitK.NONE
-    ):
-        splits = kn.splits
+    splits = kn.splits if splits_apply(cfg) else 1
     streamk = isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K and kn.decomposition is Decomposition.STREAM_K
     units = tm * tn * splits
     util = 1.0 if streamk else units / (math.ceil(units / gpu.sms) * gpu.sms)

@@ -33,6 +33,7 @@ from ..ir import (
 )
 from ..printer import format_program
 from ..protocol import DEFAULT_L2
+from ..space import splits_apply
 from ..targets import Gpu
 from .base import Measurement, Proposal, Shape
 from .evaluate import OnResult, _emit, build_program, rejected
@@ -206,7 +207,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     pipe = _pipe(cfg.stages, (rows + cols) * t.k * 2)
     resident = max(1, min(2, gpu.smem_per_sm // l2gen_smem_bytes(cfg)))
     tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
-    splits = kn.splits if cfg.split_k is not SplitK.NONE else 1
+    splits = kn.splits if splits_apply(cfg) else 1
     units = tiles_m * tiles_n * splits
     waves = _ceil(units, gpu.sms * resident)
     k_iters = _ceil(_ceil(shape.k, t.k), splits)
