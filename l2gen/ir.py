@@ -44,7 +44,7 @@ class Family(enum.Enum):
 
     SM80 = "sm80"  # CuTe mma.sync + cp.async + ldmatrix; runs on sm_80 and newer
     SM90 = "sm90a"  # CUTLASS 3.x collective builders, wgmma + TMA; sm_90a only
-    SM90_L2GEN = "sm90a_l2gen"  # l2gen's own wgmma + TMA kernel: swap-AB, cluster split-K
+    SM90_L2GEN = "sm90a_l2gen"  # l2gen's own wgmma + TMA kernel: swap-AB, split-K in one launch
 
     @property
     def arch(self) -> str:
