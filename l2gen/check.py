@@ -50,6 +50,7 @@ L2GEN_COLS = tuple(range(8, 257, 8))
 L2GEN_TILE_K = (64, 128)
 L2GEN_STAGES = range(2, 9)
 L2GEN_MAX_SPLITS = 8  # the portable cluster size: the CTAs of one cluster split one tile
+L2GEN_MAX_CLUSTER = 8  # CTAs of one multicast cluster (the portable size)
 
 
 def sm80_smem_bytes(cfg: Sm80Config) -> int:
@@ -110,6 +111,22 @@ def l2gen_operands(program: Program) -> tuple[bool, bool]:
     K-major when stored N x K; swap_ab makes B the kernel's P operand and A its Q."""
     b_kmajor = program.b_layout.value == "nk"
     return (b_kmajor, True) if program.config.swap_ab else (True, b_kmajor)
+
+
+def l2gen_multicast_pieces(program: Program) -> list[tuple[str, int, int]]:
+    """(operand, outer extent of its TMA box, CTAs sharing the load) for A and B of an sm90a
+    l2gen program. A K-major box is 64 K-columns by the tile's rows; an MN-major one is 64
+    MN-columns by the K tile. A kernel operand shared by a cluster row or column is loaded
+    in that many pieces of the box's outer extent, each multicast to the CTAs sharing it."""
+    cfg = program.config
+    rows, cols = cfg.kernel_tile
+    crows, ccols = cfg.kernel_cluster
+    p_kmajor, q_kmajor = l2gen_operands(program)
+    p_name, q_name = ("B", "A") if cfg.swap_ab else ("A", "B")
+    return [
+        (p_name, rows if p_kmajor else cfg.tile.k, ccols),  # P: shared along the kernel's N
+        (q_name, cols if q_kmajor else cfg.tile.k, crows),  # Q: shared along its M
+    ]
 
 
 def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
@@ -260,12 +277,33 @@ class _Checker:
             self.error("tile", "E-ATOM", f"tile {other} {cols}: B stored K x N ('b kn') is N-major, and its tile must span whole 64-column swizzle atoms")
         if c.split_k is SplitK.PARALLEL:
             self.error("split_k", "E-SPLITK", "'split_k parallel' is the sm80 family's; the l2gen sm90a kernel takes 'none', 'cluster' or 'atomic'")
+        self.l2gen_cluster(c)
         if c.stages not in L2GEN_STAGES:
             self.error("stages", "E-RANGE", f"stages {c.stages} is out of range {L2GEN_STAGES.start}..{L2GEN_STAGES.stop - 1}")
             return
         smem = l2gen_smem_bytes(c)
         if smem > self.gpu.smem_per_block:
             self.error("stages", "E-SMEM", f"{smem} bytes of shared memory ({c.stages} stages of {t}) exceed the {self.gpu.smem_per_block} a block may use on {self.gpu.name}")
+
+    def l2gen_cluster(self, c: Sm90L2genConfig) -> None:
+        cm, cn, ck = c.cluster
+        ok = self.one_of("cluster", "cluster M", cm, SM90_CLUSTER)
+        ok &= self.one_of("cluster", "cluster N", cn, SM90_CLUSTER)
+        if ck != 1:
+            self.error("cluster", "E-CLUSTER", f"cluster K {ck} must be 1")
+            ok = False
+        if not ok or not c.multicast:
+            return
+        if cm * cn > L2GEN_MAX_CLUSTER:
+            self.error("cluster", "E-CLUSTER", f"cluster {cm} x {cn} has {cm * cn} CTAs; the l2gen kernel's clusters hold at most {L2GEN_MAX_CLUSTER}")
+            return
+        if c.split_k is SplitK.CLUSTER:
+            self.error("cluster", "E-CLUSTER", "'split_k cluster' makes the CTAs of one tile a cluster; a multicast cluster takes 'split_k none' or 'atomic'")
+        # Each CTA of a multicast group loads one piece of the shared tile: a slice of the
+        # box's outer extent that must stay whole 8-row swizzle atoms.
+        for operand, outer, pieces in l2gen_multicast_pieces(self.p):
+            if pieces > 1 and (outer % pieces or (outer // pieces) % 8):
+                self.error("cluster", "E-CLUSTER", f"cluster {cm} x {cn}: the {operand} tile's {outer} rows per box split over {pieces} CTAs leave {outer / pieces:g}, not a multiple of 8 (the swizzle atom)")
 
     def sm90(self, c: Sm90Config) -> None:
         t = c.tile

@@ -205,6 +205,10 @@ class Sm90L2genConfig:
     ``tile`` is the output tile of C (BM rows of M, BN columns of N) and the K tile. With
     ``swap_ab`` the kernel computes C^T = B^T A^T, so BN runs along wgmma's 64-row side and
     BM along its N side (8..256): the layout for small M.
+
+    ``cluster`` (M x N x 1, in C's coordinates) groups neighbouring output tiles into one
+    thread-block cluster that loads each shared operand tile once and multicasts it: the
+    CTAs along M share a tile of B, those along N a tile of A.
     """
 
     tile: Tile
@@ -212,6 +216,7 @@ class Sm90L2genConfig:
     stages: int = 4
     split_k: SplitK = SplitK.NONE
     hints: Hints = Hints.NONE
+    cluster: tuple[int, int, int] = (1, 1, 1)
     spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @property
@@ -219,6 +224,16 @@ class Sm90L2genConfig:
         """(rows, columns) of the kernel's own tile: the wgmma M side, then its N."""
         t = self.tile
         return (t.n, t.m) if self.swap_ab else (t.m, t.n)
+
+    @property
+    def kernel_cluster(self) -> tuple[int, int]:
+        """The multicast cluster in the kernel's coordinates (rows, columns of tiles)."""
+        cm, cn, _ = self.cluster
+        return (cn, cm) if self.swap_ab else (cm, cn)
+
+    @property
+    def multicast(self) -> bool:
+        return self.cluster[0] * self.cluster[1] > 1
 
     @property
     def consumers(self) -> int:

@@ -125,6 +125,8 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             q_kmajor=q_kmajor,
             split_k=cfg.split_k.value,
             hints=cfg.hints.value,
+            ccm=cfg.kernel_cluster[0],
+            ccn=cfg.kernel_cluster[1],
             extended_mma_shapes=needs_extended_mma_shapes(program),
         )
         return ctx

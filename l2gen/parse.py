@@ -46,7 +46,7 @@ COMMON = ("arch", "b_layout", "tile", "stages", "raster", "swizzle", "splits")
 ONLY = {
     Family.SM80: ("epilogue", "warps", "smem_swizzle", "split_k", "min_blocks"),
     Family.SM90: ("impl", "epilogue", "cluster", "mainloop", "scheduler", "decomposition"),
-    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints"),
+    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster"),
 }
 KEYWORD = {"b_layout": "b"}  # decision name -> the keyword written in the DSL
 
@@ -245,7 +245,7 @@ class _Builder:
                 return None
             config = Sm90L2genConfig(
                 tile=get["tile"],
-                **given(get, swap_ab=lambda v: v == "on", stages=None, split_k=SplitK, hints=Hints),
+                **given(get, swap_ab=lambda v: v == "on", stages=None, split_k=SplitK, hints=Hints, cluster=None),
                 spans=spans,
             )
         else:

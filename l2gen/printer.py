@@ -41,6 +41,7 @@ def _lines(program: Program) -> list[tuple[str, str]]:
             ("stages", str(cfg.stages)),
             ("split_k", cfg.split_k.value),
             ("hints", cfg.hints.value),
+            ("cluster", " x ".join(str(v) for v in cfg.cluster)),
         ]
     kn = program.knobs
     out += [("raster", kn.raster.value), ("swizzle", str(kn.swizzle)), ("splits", str(kn.splits))]

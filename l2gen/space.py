@@ -80,6 +80,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("stages", (3, 4, 5, 6, 8)),
         Slot("split_k", (SplitK.NONE, SplitK.CLUSTER, SplitK.ATOMIC)),
         Slot("hints", tuple(Hints)),
+        Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (8, 1), (1, 8))),
         Slot("raster", tuple(Raster), runtime=True),
         Slot("swizzle", (0, 1, 2, 3), runtime=True),
         Slot("splits", (1, 2, 3, 4, 6, 8), runtime=True),
@@ -98,7 +99,9 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
             **given(c, warps=tuple, stages=None, epilogue=Sm80Epilogue, split_k=SplitK, min_blocks=None),
         )
     elif family is Family.SM90_L2GEN:
-        config = Sm90L2genConfig(tile=tile, **given(c, swap_ab=bool, stages=None, split_k=SplitK, hints=Hints))
+        config = Sm90L2genConfig(
+            tile=tile, **given(c, swap_ab=bool, stages=None, split_k=SplitK, hints=Hints, cluster=lambda mn: (*mn, 1))
+        )
     else:
         config = Sm90Config(
             tile=tile,
@@ -124,7 +127,7 @@ def choices_of(program: Program) -> dict:
     if isinstance(c, Sm80Config):
         out.update(warps=c.warps, stages=c.stages, smem_swizzle_b=c.swizzle[0], epilogue=c.epilogue, split_k=c.split_k, min_blocks=c.min_blocks)
     elif isinstance(c, Sm90L2genConfig):
-        out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints)
+        out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints, cluster=c.cluster[:2])
     else:
         out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, stages=c.stages, scheduler=c.scheduler, decomposition=k.decomposition)
     return out

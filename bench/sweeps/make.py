@@ -12,10 +12,13 @@ variants it times.
 - ``l2gen``: l2gen's own sm90a kernel (``impl l2gen``) for the skinny, K-heavy and
   small-M problems: tile, swap-AB, stages and cache hints at compile time; the cluster
   split of K (1, 2, 4, 8 CTAs per tile) at run time.
+- ``multicast``: the best of those with multicast clusters (neighbouring tiles load a
+  shared operand tile once), the atomic split at 1..16 (its shapes: the l2gen sweep's).
 
     python bench/sweeps/make.py skinny /tmp/skinny   # shapes: bench/sweeps/skinny-shapes.json
     python bench/sweeps/make.py large /tmp/large     # shapes: bench/sweeps/large-shapes.json
     python bench/sweeps/make.py l2gen /tmp/l2gen     # shapes: bench/sweeps/l2gen-shapes.json
+    python bench/sweeps/make.py multicast /tmp/mc    # the same shapes
 """
 from __future__ import annotations
 
@@ -60,6 +63,17 @@ SWEEPS = {
            (256, 128, 64, True, 4, "stream", "cluster")],
         [("heuristic", 0, s) for s in (1, 2, 4, 8)],
     ),
+    # (BM, BN, BK, swap_ab, stages, hints, split_k, cluster) x (raster, swizzle, splits):
+    # the best l2gen configurations of the l2gen sweep with multicast clusters beside them
+    "multicast": (
+        [(64, 64, 128, True, 6, "stream", "atomic", c) for c in ((1, 1), (1, 2), (1, 4), (1, 8))]
+        + [(64, 128, 128, True, 4, "stream", "atomic", c) for c in ((1, 1), (1, 2), (1, 4))]
+        + [(128, 128, 128, True, 3, "stream", "atomic", (1, 2)),
+           (256, 128, 64, True, 4, "stream", "atomic", (1, 2))]
+        + [(128, 128, 64, False, 5, "none", "atomic", c) for c in ((1, 1), (1, 2), (2, 1), (2, 2))]
+        + [(128, 256, 64, False, 4, "none", "atomic", (2, 1))],
+        [("heuristic", 0, s) for s in (1, 2, 4, 8, 16)],
+    ),
 }
 
 
@@ -87,9 +101,11 @@ def program(config: tuple, knobs: tuple) -> tuple[str, str]:
 
 
 def l2gen_program(config: tuple, knobs: tuple) -> tuple[str, str]:
-    bm, bn, bk, swap, stages, hints, split_k = config
+    bm, bn, bk, swap, stages, hints, split_k, *rest = config
+    cm, cn = rest[0] if rest else (1, 1)
     raster, swizzle, splits = knobs
-    name = f"l2gen_{bm}x{bn}x{bk}_{'swap_' if swap else ''}s{stages}_{hints}_{split_k}{splits}"
+    cluster = f"_c{cm}{cn}" if cm * cn > 1 else ""
+    name = f"l2gen_{bm}x{bn}x{bk}_{'swap_' if swap else ''}s{stages}_{hints}{cluster}_{split_k}{splits}"
     return name, f"""kernel {name} {{
     arch    sm90a
     impl    l2gen
@@ -99,6 +115,7 @@ def l2gen_program(config: tuple, knobs: tuple) -> tuple[str, str]:
     stages  {stages}
     split_k {split_k}
     hints   {hints}
+    cluster {cm} x {cn} x 1
     raster  {raster}
     swizzle {swizzle}
     splits  {splits}
@@ -112,7 +129,7 @@ def main(sweep: str, out: str) -> None:
     configs, variants = SWEEPS[sweep]
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    write = l2gen_program if sweep == "l2gen" else program
+    write = l2gen_program if sweep in ("l2gen", "multicast") else program
     for config, knobs in itertools.product(configs, variants):
         name, text = write(config, knobs)
         (folder / f"{name}.l2").write_text(text)

@@ -141,11 +141,13 @@ Decisions (omitted ones take the default in brackets):
   mainloop ws|pingpong|cooperative [cooperative]; epilogue tma|direct [tma];
   stages N|auto [auto]; scheduler persistent|stream_k [persistent];
   decomposition heuristic|data_parallel|split_k|stream_k (stream_k scheduler only) [heuristic].
-- sm90a impl l2gen only (no cluster, mainloop, epilogue, scheduler, decomposition): swap_ab on|off
+- sm90a impl l2gen only (no mainloop, epilogue, scheduler, decomposition): swap_ab on|off
   (compute C^T = B^T A^T: N along wgmma's 64-row side, M along its N; for small M) [off];
   stages N [4]; split_k none|cluster|atomic (cluster: the splits CTAs of a tile reduce through
   distributed shared memory, deterministic; atomic: they add into a workspace, arrival order;
-  both in one launch) [none]; hints none|stream (B evict-first, A evict-last in L2) [none].
+  both in one launch) [none]; hints none|stream (B evict-first, A evict-last in L2) [none];
+  cluster CM x CN x 1 (neighbouring output tiles load a shared tile of A (along N) or B (along
+  M) once and multicast it: less L2-to-SM traffic) [1 x 1 x 1].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
   (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster or
   atomic, or stream_k) [1].
@@ -195,7 +197,10 @@ def rules_text(gpu: Gpu) -> str:
             "b kn with swap_ab off needs BN a multiple of 64; "
             f"stages {r.L2GEN_STAGES.start}..{r.L2GEN_STAGES.stop - 1}; shared memory max(stages*(BM+BN)*BK*2, "
             f"BM*(BN+8)*2 + (BM*BN*4 with split_k cluster)) + 16*stages + 1040 <= {gpu.smem_per_block} B; "
-            f"splits > 1 needs split_k cluster (at most {r.L2GEN_MAX_SPLITS}) or atomic; more splits than ceil(K/BK) fail at run time."
+            f"splits > 1 needs split_k cluster (at most {r.L2GEN_MAX_SPLITS}) or atomic; more splits than ceil(K/BK) fail at run time; "
+            f"cluster CM x CN x 1 with CM, CN in {_set(r.SM90_CLUSTER)}, CM*CN <= {r.L2GEN_MAX_CLUSTER}, not with split_k cluster; "
+            "a CTA loads 1/CN of its A box and 1/CM of its B box (boxes: the tile's rows by 64 when K-major, BK by 64 when N-major; "
+            "with swap_ab A and B trade places), and each piece must be a multiple of 8 rows."
         )
     else:
         lines.append(f"sm90a does not run on {gpu.name}: use arch sm80.")

@@ -212,7 +212,9 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     waves = _ceil(units, gpu.sms * resident)
     k_iters = _ceil(_ceil(shape.k, t.k), splits)
     penalty = _l2_penalty(program, shape, tiles_m, tiles_n, gpu) * (0.5 if cfg.hints is Hints.STREAM else 1.0)
-    bytes_iter = (min(t.m, shape.m) + min(t.n, shape.n)) * t.k * 2 * (1.0 + 0.05 * penalty)
+    # A multicast cluster loads a shared tile once for the CTAs along its row or column.
+    cm, cn, _ = cfg.cluster
+    bytes_iter = (min(t.m, shape.m) / cn + min(t.n, shape.n) / cm) * t.k * 2 * (1.0 + 0.05 * penalty)
     t_iter = _overlap(2.0 * t.m * t.n * t.k / (per_sm_flops * eff), bytes_iter / (bw_sm * pipe), 0.1)
     t_epi = t.m * t.n * 2 / bw_sm / splits + 0.1
     if splits > 1 and cfg.split_k is SplitK.CLUSTER:

@@ -29,6 +29,12 @@ PROGRAMS = {
     "nk_wide_160": "b nk\n tile 128 x 160 x 64\n stages 3",
     "swap_kn_atomic": "b kn\n tile 64 x 128 x 64\n swap_ab on\n stages 6\n split_k atomic",
     "kn_128_atomic": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k atomic",
+    # multicast clusters: A shared along N, B along M, both; with and without swap, with
+    # the atomic split, and clusters hanging over the problem's edge
+    "swap_kn_mc4": "b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n hints stream\n cluster 1 x 4 x 1",
+    "swap_nk_mc2x2": "b nk\n tile 32 x 64 x 128\n swap_ab on\n stages 6\n cluster 2 x 2 x 1",
+    "mc_kn_2x2": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k atomic\n cluster 2 x 2 x 1",
+    "mc_nk_8x1": "b nk\n tile 64 x 128 x 64\n stages 4\n cluster 8 x 1 x 1",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
 N_K = ((4104, 1024), (1000, 2056), (264, 520))  # odd N (multiples of 8), K tails

@@ -28,6 +28,7 @@ PROGRAMS = {
     "swap_nk_m16": ("b nk\n tile 16 x 128 x 64\n swap_ab on\n stages 6", 16),
     "kn_cluster": ("b kn\n tile 128 x 128 x 64\n stages 4\n split_k cluster\n splits 2", 128),
     "nk_wide_extended": ("b nk\n tile 64 x 160 x 64\n stages 4", 160),
+    "swap_kn_multicast": ("b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n cluster 1 x 4 x 1", 64),
 }
 
 
@@ -86,3 +87,17 @@ def test_l2gen_machine_code_has_one_wgmma_shape_and_no_spills(built, name):
     shapes = set(re.findall(r"HGMMA\.64x(\d+)x16", sass))
     assert shapes == {str(PROGRAMS[name][1])}, f"{name}: wgmma widths {sorted(shapes)}"
     assert not re.search(r"\b(LDL|STL)\b", sass), f"{name}: local-memory traffic (spills)"
+
+
+def test_multicast_cluster_loads_shared_tiles_once(built):
+    """With `cluster 1 x 4 x 1` and swap_ab the four CTAs along N share A, the kernel's Q
+    operand: its loads are multicast, the B (P) loads are each CTA's own."""
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump with nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    result = built["swap_kn_multicast"]
+    assert result.ok, result.error
+    env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
+    sass = subprocess.run([tool, "-sass", str(result.library)], capture_output=True, text=True, env=env, check=True).stdout
+    assert re.search(r"UTMALDG\.2D\.MULTICAST", sass), "no multicast TMA load"
+    assert re.search(r"UTMALDG\.2D\s", sass), "no plain TMA load for the unshared operand"

@@ -19,6 +19,10 @@ def sm90(body: str) -> str:
     return f"kernel k {{\n arch sm90a\n {body}\n}}"
 
 
+def l2gen(body: str) -> str:
+    return f"kernel k {{\n arch sm90a impl l2gen\n {body}\n}}"
+
+
 GOOD = [
     sm80("tile 128 x 128 x 32 warps 2 x 2 stages 3"),
     sm80("tile 64 x 128 x 64 warps 2 x 2 stages 4 split_k parallel splits 4"),
@@ -28,6 +32,10 @@ GOOD = [
     sm90("tile 128 x 128 x 64 scheduler stream_k splits 2 decomposition split_k"),
     sm90("tile 128 x 128 x 64 scheduler stream_k splits 1 decomposition stream_k"),
     sm90("tile 128 x 128 x 64 scheduler stream_k splits 4"),
+    l2gen("tile 64 x 128 x 128 swap_ab on split_k atomic cluster 1 x 4 x 1 splits 4"),
+    l2gen("tile 128 x 128 x 64 b nk cluster 2 x 2 x 1"),
+    l2gen("tile 64 x 128 x 64 b nk cluster 8 x 1 x 1"),
+    l2gen("tile 64 x 128 x 64 b kn cluster 1 x 8 x 1"),
 ]
 
 
@@ -71,6 +79,12 @@ BAD = [
     (sm90("tile 256 x 256 x 64 mainloop cooperative"), H200, "E-REGS", "accumulators", 3),
     (sm90("tile 128 x 256 x 64 mainloop pingpong"), H200, "E-REGS", "accumulators", 3),
     (sm90("tile 256 x 256 x 128 mainloop cooperative epilogue direct"), H200, "E-REGS", "accumulators", 3),
+    (l2gen("tile 128 x 128 x 64 cluster 4 x 4 x 1"), H200, "E-CLUSTER", "at most 8", 3),
+    (l2gen("tile 128 x 128 x 64 cluster 3 x 1 x 1"), H200, "E-RANGE", "cluster M 3", 3),
+    (l2gen("tile 128 x 128 x 64 cluster 2 x 1 x 2"), H200, "E-CLUSTER", "cluster K", 3),
+    (l2gen("tile 128 x 128 x 64 split_k cluster cluster 2 x 1 x 1"), H200, "E-CLUSTER", "'split_k none' or 'atomic'", 3),
+    # swap_ab: A (16 rows, K-major) is the kernel's Q, shared along C's N by 4 CTAs: 4 rows each
+    (l2gen("tile 16 x 128 x 64 swap_ab on cluster 1 x 4 x 1"), H200, "E-CLUSTER", "the A tile's 16 rows", 3),
 ]
 
 
