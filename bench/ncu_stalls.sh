@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Where the warps of an l2gen kernel and of cuBLAS's kernel for the same problem wait:
+# ncu's duration, throughput and per-reason stall ratios (warps stalled per issued
+# instruction) for one launch of each, caches flushed before each (as l2gen bench's clean
+# protocol leaves them cold). Needs bench/probe.py's dependencies and ncu on PATH.
+#
+#   bash bench/ncu_stalls.sh PROGRAM.l2 MxNxK [SPLITS]
+set -euo pipefail
+program=$1 shape=$2 splits=${3:-1}
+metrics="gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed"
+metrics+=",lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+metrics+=",launch__grid_size,launch__cluster_dim_x,smsp__warps_issue_stalled_no_instruction.sum"
+metrics+=",regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+ncu --clock-control none --cache-control all --metrics "$metrics" -k regex:'gemm|sm90|cutlass|xmma' \
+  python3 bench/probe.py "$program" --shape "$shape" --splits "$splits" --once 2>&1 |
+  grep -E "^  [a-zA-Z_]|gemm|sm90|cutlass|xmma|relerr|==ERR" |
+  awk '$NF != "0" || /gemm|sm90|cutlass|xmma/'
