@@ -100,9 +100,9 @@ def test_tune_bad_input_is_a_clear_error(tmp_path, capsys):
     empty = write(tmp_path, "empty.json", json.dumps({"shapes": []}))
     assert main(["tune", "--suite", empty, "--simulate", "--db", str(tmp_path / "k.db")]) == 1
     assert "E-SUITE" in capsys.readouterr().err
-    assert main(["tune", "--shape", "64x64x64", "--budget", "0", "--simulate"]) == 1
-    assert "E-BUDGET" in capsys.readouterr().err
-    assert main(["tune", "--shape", "64x64", "--simulate"]) == 1
+    assert main(["tune", "--shape", "64x64x64", "--budget", "0", "--simulate"]) == 2  # an argument out of range
+    assert "--budget: must be at least 1" in capsys.readouterr().err
+    assert main(["tune", "--shape", "64x64", "--simulate"]) == 2
     assert "E-SHAPE" in capsys.readouterr().err
     garbage = write(tmp_path, "bad.db", "this is not sqlite" * 100)
     assert main(["tune", "--shape", "64x64x64", "--simulate", "--db", garbage]) == 1

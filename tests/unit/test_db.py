@@ -82,7 +82,7 @@ def test_meta_records_schema_and_gpu(db):
     conn = sqlite3.connect(db.path)
     meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta == {"schema_version": str(SCHEMA_VERSION), "gpu": "h200", "l2": "clean"}
+    assert meta == {"schema_version": str(SCHEMA_VERSION), "format": "l2gen-kernel-db", "gpu": "h200", "l2": "clean"}
     assert db.gpu == "h200" and db.l2 == "clean"
 
 

@@ -398,21 +398,23 @@ def test_slow_answer_times_out_and_is_retried(server):
 def test_server_errors_exhaust_retries_then_raise(server):
     server.default = error(500, "upstream exploded")
     policy = make(server, max_retries=1, max_failures=2)
-    (p,) = policy.propose(SHAPE, [], 1)  # first failure: a rejected proposal, not an error
-    assert p.meta["rejected"] and "E-LLM" in p.meta["diagnostics"][0]
-    assert "upstream exploded" in p.meta["diagnostics"][0]
-    assert policy.stats.total.retries == 1 and policy.stats.total.failures == 1
-    with pytest.raises(LLMError, match="2 requests in a row"):
+    # A round with no answer at all is an error, not a rejected program (nothing to record).
+    with pytest.raises(LLMError, match="upstream exploded"):
         policy.propose(SHAPE, [], 1)
-    assert len(server.requests) == 4
+    assert policy.stats.total.retries == 1 and policy.stats.total.failures == 1
+    with pytest.raises(LLMError):  # later calls fail at once, without a request
+        policy.propose(SHAPE, [], 1)
+    assert len(server.requests) == 2
 
 
 def test_failures_in_a_row_reset_on_success(server):
     server.add(error(503), error(503), answer(VALID_SM80), error(503), error(503))
     policy = make(server, max_retries=1, max_failures=2, repair=False)
-    first, second, third = policy.propose(SHAPE, [], 3)
-    assert first.meta["rejected"] and not second.meta.get("rejected")
-    assert third.meta["rejected"]  # one failure in a row again, not two
+    # The unanswered requests are left out (not rejected programs); the answer is kept,
+    # and the failure after it is one in a row again, not two.
+    (only,) = policy.propose(SHAPE, [], 3)
+    assert not only.meta.get("rejected")
+    assert policy.stats.total.failures == 2
 
 
 def test_bad_key_raises_once_clearly(server):
