@@ -67,7 +67,7 @@ def _evaluator(args):
 
 def cmd_tune(args, shapes_of) -> int:
     from .db import DatabaseError, KernelDB, ProtocolMismatchError
-    from .search.loop import tune
+    from .search.loop import TuneError, tune
 
     from .db import SIMULATED_DB, DEFAULT_DB, EvidenceMismatchError
 
@@ -92,8 +92,8 @@ def cmd_tune(args, shapes_of) -> int:
         db = KernelDB(args.db)
         summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel)
     except DatabaseError as exc:
-        raise fail("E-DB", str(exc)) from None
-    except ValueError as exc:
+        raise fail("E-DB", f"{exc}; every measurement committed before it is kept") from None
+    except (ValueError, TuneError) as exc:
         raise fail("E-TUNE", str(exc)) from None
     except Exception as exc:  # an LLM policy that cannot go on (auth, unknown model, ...)
         if type(exc).__name__ != "LLMError":

@@ -30,9 +30,13 @@ from .base import (
 )
 from .evaluate import Evaluator, unserved
 
-__all__ = ["REWARD_FAILED", "REWARD_REJECTED", "reward", "tune", "ShapeResult", "TuneSummary"]
+__all__ = ["REWARD_FAILED", "REWARD_REJECTED", "reward", "tune", "ShapeResult", "TuneError", "TuneSummary"]
 
 MAX_STALLS = 3  # batches in a row with nothing new to measure before a shape gives up
+
+
+class TuneError(RuntimeError):
+    """The loop cannot go on (the evaluator broke); everything measured so far is stored."""
 
 
 @dataclass
@@ -280,7 +284,16 @@ class _ShapeRun:
                 text = "\n".join(fresh[i].meta.get("diagnostics") or [fresh[i].note or "rejected by the policy"])
                 land(i, Measurement(shape, fresh[i].program, "rejected", error=text))
             pending = [i for i in range(len(fresh)) if i not in landed]
-            measured = self.evaluator.evaluate(shape, [fresh[i] for i in pending], lambda j, m: land(pending[j], m))
+            try:
+                measured = self.evaluator.evaluate(shape, [fresh[i] for i in pending], lambda j, m: land(pending[j], m))
+            except Exception as exc:  # the evaluator itself broke (not a candidate): stop, keep what landed
+                from ..db import DatabaseError
+
+                if isinstance(exc, (DatabaseError, TuneError)):  # a database error from land(): as it is
+                    raise
+                raise TuneError(f"{shape}: measuring a batch failed ({type(exc).__name__}: {exc}); the {len(landed)} "
+                                f"result(s) of this batch that landed and every measurement before are in "
+                                f"{getattr(db, 'path', 'the database')}: run the same command again to resume") from exc
             for j, m in enumerate(measured):
                 land(pending[j], m)
             with lock:
