@@ -161,9 +161,18 @@ def cmd_build(args) -> int:
     from .lower import lower
     from .search.evaluate import build_program
 
+    from .check import check
+
     programs, ok = _load(args.files, args.gpu)
-    if args.db:  # each shape's best program: what the dispatcher will load
-        programs += [(f"{args.db}:{shape}", p) for shape, (p, _, _) in sorted(recorded_best(args).items())]
+    if args.db:  # each shape's best program: what the dispatcher will load, checked like a file's
+        for shape, (p, _, _) in sorted(recorded_best(args).items()):
+            problems = [d for d in check(p, args.gpu) if d.is_error]
+            for d in problems:
+                eprint(f"{args.db}:{shape}: {d}")
+            if problems:
+                ok = False
+            else:
+                programs.append((f"{args.db}:{shape}", p))
     if not programs:
         raise fail("E-USAGE", "nothing to build: give DSL files or --db")
     # The library of a program's compile-time configuration (knobs are launch arguments):

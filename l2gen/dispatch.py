@@ -362,6 +362,12 @@ class Dispatcher:
             return state
 
     def _ready(self, plan: Plan, m: int, n: int, k: int, like) -> _Ready:
+        from .check import check
+        from .diagnostics import errors
+
+        problems = errors(check(plan.program, self.gpu))  # a database is text from outside: checked before lowering
+        if problems:
+            raise ValueError(f"the checker rejects it: {problems[0]}")
         key = program_key(build_program(plan.program))
         kernel = self._kernels.get(key)
         if kernel is None:
