@@ -120,7 +120,8 @@ def cmd_compile(args) -> int:
 
     out = output_dir(args.output, "-o")
     programs, ok = _load(args.files, args.gpu)
-    out.mkdir(parents=True, exist_ok=True)
+    if programs:  # nothing to write, no directory made
+        out.mkdir(parents=True, exist_ok=True)
     for path, program in programs:
         source = lower(program, args.gpu)
         cu = out / f"{Path(path).stem}.cu"
@@ -145,11 +146,11 @@ def recorded_best(args, l2: str | None = None) -> dict:
     from .db import DatabaseError, KernelDB, ProtocolMismatchError
 
     try:
-        db = KernelDB(args.db, readonly=True)
-        db.check_gpu(args.gpu)
-        if l2 is not None:
-            db.check_l2(l2)
-        return db.best_all(args.gpu)
+        with KernelDB(args.db, readonly=True) as db:
+            db.check_gpu(args.gpu)
+            if l2 is not None:
+                db.check_l2(l2)
+            return db.best_all(args.gpu)
     except ProtocolMismatchError as exc:
         raise usage("E-PROTOCOL", str(exc)) from None
     except DatabaseError as exc:
@@ -246,6 +247,9 @@ def _add_late_commands(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if any("\x00" in a for a in (argv if argv is not None else sys.argv[1:])):  # no path or value holds one
+        eprint("l2gen: E-USAGE: an argument holds a NUL character")
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

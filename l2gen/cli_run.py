@@ -41,6 +41,7 @@ def load_suite(path: str) -> list:
         except DiagnosticError as exc:  # the same diagnostic, as a suite error (exit 1)
             raise DiagnosticError([Diagnostic("E-SUITE", d.message, d.span) for d in exc.diagnostics]) from None
         shapes.append(Shape(m, n, k))
+    suite_layout(path)  # a 'b' that is not kn or nk, or mixed layouts: refused here too
     if len(set(shapes)) != len(shapes):
         eprint(f"{path}: duplicate shapes dropped")
         shapes = list(dict.fromkeys(shapes))

@@ -71,12 +71,19 @@ def cmd_tune(args, shapes_of) -> int:
 
     from .db import SIMULATED_DB, DEFAULT_DB, EvidenceMismatchError
 
+    from .search.evaluate import unserved
+
     shapes = shapes_of(args)
+    for shape in shapes:  # before the database is opened (or made)
+        why = unserved(shape)
+        if why:
+            raise fail("E-TUNE", f"cannot tune {shape}: {why}")
     if args.db is None:  # simulated rows never land beside measured ones
         args.db = SIMULATED_DB if args.simulate else DEFAULT_DB
     for option, path in (("--curves", args.curves), ("--policy-state", args.policy_state)):
         if path:  # before the work: a run must not end unable to write what it learned
             output_file(path, option)
+    policy = _policy(args)  # a policy that cannot be made (an LLM not configured) before any file is touched
     try:  # before anything is built: a database of another protocol cannot take this run's rows
         with KernelDB(args.db) as db:
             db.check_gpu(args.gpu)
@@ -86,11 +93,10 @@ def cmd_tune(args, shapes_of) -> int:
         raise usage("E-PROTOCOL", f"{exc} (this tune {'simulates' if args.simulate else 'times'} with --l2 {args.l2})") from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
-    policy = _policy(args)
     evaluator = _evaluator(args)
     try:
-        db = KernelDB(args.db)
-        summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel)
+        with KernelDB(args.db) as db:
+            summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel)
     except DatabaseError as exc:
         raise fail("E-DB", f"{exc}; every measurement committed before it is kept") from None
     except (ValueError, TuneError) as exc:
@@ -127,33 +133,39 @@ def _write(path: str, option: str, text) -> bool:
 
 def cmd_db(args) -> int:
     from .db import DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
-    from .printer import format_program
 
     if args.action == "export":
         output_file(args.file, "export")
     try:
-        db = KernelDB(args.db, readonly=args.action in ("show", "export"))
-        if args.action == "show":
-            best = db.best_all(args.gpu)
-            print(f"{args.db}: {db.count()} measurements (l2 {db.l2 or 'none yet'}), best programs for {len(best)} shapes on {args.gpu.name}")
-            for shape, (program, speedup, time_us) in sorted(best.items()):
-                print(f"  {str(shape):>20}  {time_us:9.1f} us  {speedup:5.2f}x  {program.name}")
-                if args.verbose:
-                    print("    " + format_program(program).replace("\n", "\n    "))
-        elif args.action == "export":
-            n = db.export_json(args.file)
-            print(f"exported {n} measurements to {args.file}")
-        elif args.action == "import-bench":
-            n = db.import_bench(args.file)
-            print(f"added {n} measured rows from {args.file}")
-        else:
-            n = db.import_json(args.file)
-            print(f"imported {n} measurements from {args.file}")
+        with KernelDB(args.db, readonly=args.action in ("show", "export")) as db:
+            _db_action(args, db)
     except (ProtocolMismatchError, EvidenceMismatchError) as exc:
         raise usage("E-PROTOCOL", str(exc)) from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     return EXIT_OK
+
+
+def _db_action(args, db) -> None:
+    """What ``l2gen db ACTION`` does to an open database."""
+    from .printer import format_program
+
+    if args.action == "show":
+        best = db.best_all(args.gpu)
+        print(f"{args.db}: {db.count()} measurements (l2 {db.l2 or 'none yet'}), best programs for {len(best)} shapes on {args.gpu.name}")
+        for shape, (program, speedup, time_us) in sorted(best.items()):
+            print(f"  {str(shape):>20}  {time_us:9.1f} us  {speedup:5.2f}x  {program.name}")
+            if args.verbose:
+                print("    " + format_program(program).replace("\n", "\n    "))
+    elif args.action == "export":
+        n = db.export_json(args.file)
+        print(f"exported {n} measurements to {args.file}")
+    elif args.action == "import-bench":
+        n = db.import_bench(args.file)
+        print(f"added {n} measured rows from {args.file}")
+    else:
+        n = db.import_json(args.file)
+        print(f"imported {n} measurements from {args.file}")
 
 
 def cmd_curves(args) -> int:
@@ -166,10 +178,10 @@ def cmd_curves(args) -> int:
     runs = {}
     try:
         for path in args.dbs:
-            db = KernelDB(path, readonly=True)
-            db.check_gpu(args.gpu)
-            name = label_of(path, db)
-            runs[name if name not in runs else path] = curves_from_db(db, args.gpu, budget=args.budget)
+            with KernelDB(path, readonly=True) as db:
+                db.check_gpu(args.gpu)
+                name = label_of(path, db)
+                runs[name if name not in runs else path] = curves_from_db(db, args.gpu, budget=args.budget)
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     budget = args.budget or min((len(c) for run in runs.values() for c in run.values()), default=0)

@@ -118,6 +118,7 @@ CREATE VIEW best AS
 """
 
 _SCHEMA = _SCHEMA.replace("{best}", _BEST.strip().replace("{rows}", _ROWS) + ";")
+_BEST_VIEW = "CREATE VIEW best AS\n" + _BEST.strip().replace("{rows}", _ROWS)  # as sqlite_master keeps it
 
 _COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env", "l2")
 
@@ -138,17 +139,19 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _check_ours(path: Path) -> None:
+def _check_ours(path: Path) -> dict:
     """Raise :class:`DatabaseError` unless ``path`` is an l2gen kernel database, looked at
     read-only: its ``meta`` table says ``format`` l2gen-kernel-db, or (written before the
     marker) it has l2gen's ``meta`` keys and a ``measurements`` table with l2gen's columns.
-    Any other SQLite file (one with a ``meta`` table of its own too) is left untouched."""
+    Any other SQLite file (one with a ``meta`` table of its own too) is left untouched.
+    Returns its ``meta`` (format, schema_version, gpu) and the SQL of its ``best`` view."""
     try:
         conn = _connect_ro(path)
     except sqlite3.DatabaseError as exc:
         raise DatabaseError(f"{path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        view = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'view' AND name = 'best'").fetchone()
         meta = {}
         if "meta" in tables:
             try:
@@ -160,12 +163,14 @@ def _check_ours(path: Path) -> None:
         raise DatabaseError(f"{path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
     finally:
         conn.close()
+    meta["best_view"] = view[0] if view else None
     if meta.get("format") == FORMAT:
-        return
+        return meta
     legacy = "format" not in meta and "schema_version" in meta and set(_COLUMNS) - {"l2"} <= columns
     if not legacy:
         raise DatabaseError(f"{path}: an SQLite file, but not an l2gen kernel database (no l2gen schema marker); "
                             "it was left as it was: name another file")
+    return meta
 
 
 class DatabaseError(Exception):
@@ -221,16 +226,25 @@ class KernelDB:
         self._lock = threading.Lock()
         self._checked: set[str] = set()
         self._rows = _ROWS
-        if self.path.exists() and not self.path.is_file():
-            raise DatabaseError(f"{self.path}: not a file (a kernel database is one SQLite file)")
-        if readonly and not self.path.is_file():
-            raise DatabaseError(f"{self.path}: no such kernel database")
-        existed = self.path.is_file() and self.path.stat().st_size > 0
-        if existed:  # before anything writes to it (journal mode included): is it ours?
-            _check_ours(self.path)
+        try:
+            if self.path.exists() and not self.path.is_file():
+                raise DatabaseError(f"{self.path}: not a file (a kernel database is one SQLite file)")
+            if readonly and not self.path.is_file():
+                raise DatabaseError(f"{self.path}: no such kernel database")
+            existed = self.path.is_file() and self.path.stat().st_size > 0
+        except OSError as exc:  # a name too long, a folder that cannot be searched
+            raise DatabaseError(f"{str(self.path)[:200]}: cannot use this path: {exc.strerror or exc}") from None
+        current = False
+        if existed:  # before anything writes to it (journal mode included): is it ours, and can we read it?
+            meta = _check_ours(self.path)
+            version = meta.get("schema_version")
+            if version is None or not version.isdigit() or int(version) > SCHEMA_VERSION:
+                raise DatabaseError(f"{self.path}: kernel database schema version {version} is not supported (this l2gen reads "
+                                    f"version {SCHEMA_VERSION}); upgrade l2gen")
+            current = int(version) == SCHEMA_VERSION and meta.get("format") == FORMAT and meta.get("best_view") == _BEST_VIEW
         try:
             conn = self._conn()
-            if not readonly:
+            if not readonly and not current:  # a new file, a migration, or a view to refresh
                 if existed and self._meta("schema_version") == "1":
                     self._migrate_v1(conn)
                 with conn:

@@ -110,6 +110,8 @@ def check_results(doc, path: str | Path = "<results>") -> dict:
     """``doc`` if it is an ``l2gen bench`` results file (see :mod:`l2gen.bench`), else a
     DiagnosticError naming the first field that is wrong."""
     top = _Fields("E-RESULTS", path, doc, "")
+    if "rows" not in doc:  # every bench writes it (a suite file, say, has none)
+        raise _error("E-RESULTS", path, "not an l2gen bench results file: it has no 'rows'")
     top.text("gpu", optional=True)
     for i, row in enumerate(top.listed("rows")):
         r = _Fields("E-RESULTS", path, row, f"rows[{i}]")

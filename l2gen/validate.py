@@ -94,7 +94,19 @@ def output_file(path: str | os.PathLike, option: str) -> Path:
     """Make sure ``path`` can be written as a file, before the work that produces it: not a
     directory, in a directory (existing, or to be made under one that exists) where a file
     can be created. Probes by creating and removing a temporary file there."""
-    p = Path(path)
+    try:
+        return _output_file(Path(path), option)
+    except OSError as exc:  # a name too long, a folder that cannot be searched
+        raise usage_error("E-OUTPUT", f"{option} {_short(path)}: cannot use this path: {exc.strerror or exc}") from None
+
+
+def _short(path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _output_file(p: Path, option: str) -> Path:
+    path = p
     if p.is_dir():
         raise usage_error("E-OUTPUT", f"{option} {path}: is a directory; name a file")
     if p.exists() and not os.access(p, os.W_OK):
@@ -105,7 +117,14 @@ def output_file(path: str | os.PathLike, option: str) -> Path:
 
 def output_dir(path: str | os.PathLike, option: str) -> Path:
     """Make sure ``path`` is (or can be made) a writable directory, before any work."""
-    p = Path(path)
+    try:
+        return _output_dir(Path(path), option)
+    except OSError as exc:
+        raise usage_error("E-OUTPUT", f"{option} {_short(path)}: cannot use this path: {exc.strerror or exc}") from None
+
+
+def _output_dir(p: Path, option: str) -> Path:
+    path = p
     if p.exists() and not p.is_dir():
         raise usage_error("E-OUTPUT", f"{option} {path}: exists and is not a directory; name a directory")
     _probe(_existing_ancestor(p), option, path)
