@@ -9,14 +9,22 @@ records the schema version, the GPU and the L2 protocol the database belongs to.
 database recorded on one GPU refuses measurements or lookups for another
 (:meth:`KernelDB.check_gpu`): timings do not transfer between devices. Likewise a
 database of one L2 protocol refuses measurements of another (:meth:`KernelDB.check_l2`):
-a speedup timed after a written flush is not evidence about a clean-cold L2.
+a speedup timed after a written flush is not evidence about a clean-cold L2. And a
+database holds measured rows or simulated ones (``meta`` 'evidence',
+:meth:`KernelDB.check_evidence`), never both.
+
+``meta`` 'format' = ``l2gen-kernel-db`` marks a file as ours: an existing file is looked
+at read-only first, and one without the marker (or the schema of an l2gen from before
+it) is refused before anything, its journal mode included, is written to it.
 
 Schema 1 (before the protocol was recorded) had no ``l2``: every such row was timed after
 the written flush, so opening one for writing adds the column with ``dirty`` and claims
 the database for ``dirty``; read-only, its rows read as ``dirty`` (the shipped database).
 
-WAL journal, one connection per thread, a commit per measurement, so a tuning run that
-is killed loses at most the candidate in flight.
+WAL journal, a 30 s busy timeout, one connection per thread, a commit per measurement,
+so a tuning run that is killed loses at most the candidate in flight; a tune's rows go in
+through :meth:`KernelDB.add_new`, which checks and inserts in one write transaction, so
+two processes tuning one database store each candidate once and no shape past its budget.
 """
 
 from __future__ import annotations
