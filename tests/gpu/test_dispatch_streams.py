@@ -104,7 +104,7 @@ def test_four_threads_on_four_streams_over_split_k_winners(gpu, tmp_path):
                             inputs.append((shape, a, b))
                             outputs.append(torch.full((shape.m, shape.n), float("nan"), device="cuda", dtype=torch.float16))
                     streams[t].synchronize()
-                    start.wait()  # every thread enqueues its calls at the same time
+                    start.wait(timeout=300)  # every thread enqueues its calls at the same time
                     for (shape, a, b), out in zip(inputs, outputs):
                         d(a, b, out)
                     streams[t].synchronize()
