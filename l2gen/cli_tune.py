@@ -66,12 +66,9 @@ def _evaluator(args):
 
 
 def cmd_tune(args, shapes_of) -> int:
-    from .db import DatabaseError, KernelDB, ProtocolMismatchError
-    from .search.loop import TuneError, tune
-
-    from .db import SIMULATED_DB, DEFAULT_DB, EvidenceMismatchError
-
+    from .db import DEFAULT_DB, SIMULATED_DB, DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
     from .search.evaluate import unserved
+    from .search.loop import TuneError, tune
 
     shapes = shapes_of(args)
     for shape in shapes:  # before the database is opened (or made)
@@ -89,8 +86,10 @@ def cmd_tune(args, shapes_of) -> int:
             db.check_gpu(args.gpu)
             db.check_l2(args.l2)
             db.check_evidence("simulated" if args.simulate else "measured")
-    except (ProtocolMismatchError, EvidenceMismatchError) as exc:
-        raise usage("E-PROTOCOL", f"{exc} (this tune {'simulates' if args.simulate else 'times'} with --l2 {args.l2})") from None
+    except ProtocolMismatchError as exc:
+        raise usage("E-PROTOCOL", f"{exc} (this tune times with --l2 {args.l2})") from None
+    except EvidenceMismatchError as exc:
+        raise usage("E-EVIDENCE", f"{exc} (this tune {'simulates' if args.simulate else 'measures on a GPU'})") from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     evaluator = _evaluator(args)
@@ -139,8 +138,10 @@ def cmd_db(args) -> int:
     try:
         with KernelDB(args.db, readonly=args.action in ("show", "export")) as db:
             _db_action(args, db)
-    except (ProtocolMismatchError, EvidenceMismatchError) as exc:
+    except ProtocolMismatchError as exc:
         raise usage("E-PROTOCOL", str(exc)) from None
+    except EvidenceMismatchError as exc:
+        raise usage("E-EVIDENCE", str(exc)) from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     return EXIT_OK
