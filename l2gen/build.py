@@ -478,6 +478,7 @@ def _compile(
             "log": output[-LOG_TAIL_CHARS:],
         }
         if status == 0 and (work / "lib.so").is_file():
+            meta["sha256"] = _digest(work / "lib.so")  # checked on every load (_rank)
             (work / "build.json").write_text(json.dumps(meta, indent=1))
             if not _publish(work, final, force):
                 return _load(final, source) or _failure(source, "lost the cache entry", command)
@@ -565,10 +566,27 @@ def _first_errors(output: str) -> str:
 
 
 def _rank(entry: Path) -> int:
-    """2: a built library; 1: a cached failure; 0: nothing usable (absent, partial)."""
+    """2: a built library; 1: a cached failure; 0: nothing usable (absent, partial, or a
+    library whose bytes are not those its build recorded: a corrupt entry is rebuilt,
+    never loaded)."""
     if (entry / "failed.json").is_file():
         return 1
-    return 2 if (entry / "lib.so").exists() and (entry / "build.json").is_file() else 0
+    if not ((entry / "lib.so").exists() and (entry / "build.json").is_file()):
+        return 0
+    try:
+        recorded = json.loads((entry / "build.json").read_text()).get("sha256")
+        return 2 if recorded and recorded == _digest(entry / "lib.so") else 0
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _digest(path: Path) -> str:
+    """sha256 of a file's bytes (a built library's, recorded in its build.json)."""
+    h = sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _load(entry: Path, source: KernelSource) -> BuildResult | None:

@@ -10,9 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .diagnostics import Diagnostic, DiagnosticError
+from .diagnostics import Diagnostic, DiagnosticError, UsageError
 from .ir import Program
 from .targets import DEFAULT_GPU, GPUS, Gpu, get_gpu
+from .validate import at_least, output_dir, positive_float, write_atomic
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -24,11 +25,6 @@ def eprint(*args) -> None:
 def fail(code: str, message: str) -> DiagnosticError:
     """A diagnostic with no source location, for errors in a command's arguments."""
     return DiagnosticError([Diagnostic(code, message)])
-
-
-class UsageError(DiagnosticError):
-    """A request the command refuses as asked (exit 2): a protocol that does not exist, two
-    things measured under different protocols to be compared, ..."""
 
 
 def usage(code: str, message: str) -> UsageError:
@@ -74,16 +70,35 @@ def cmd_fmt(args) -> int:
 
     programs, ok = _load(args.files, args.gpu, check_too=False)
     for path, program in programs:
-        text = _leading_comment(Path(path).read_text()) + format_program(program)
+        original = Path(path).read_text()
+        inline = _inline_comment(original)
+        if inline and args.write:  # the canonical form keeps only the comment lines before the kernel
+            eprint(f"{path}:{inline}: E-FMT: an inline or inner comment would be lost; not rewritten "
+                   "(move it above the kernel, or print the canonical form without -w)")
+            ok = False
+            continue
+        text = _leading_comment(original) + format_program(program)
         if args.check:
             if Path(path).read_text() != text:
                 print(f"{path}: would reformat")
                 ok = False
         elif args.write:
-            Path(path).write_text(text)
+            write_atomic(path, text)
         else:
             sys.stdout.write(text)
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def _inline_comment(text: str) -> str | None:
+    """``line:col`` of the first comment after the kernel starts (one the canonical form
+    drops), or None. The DSL has no strings, so every ``#`` starts a comment."""
+    started = False
+    for number, line in enumerate(text.splitlines(), 1):
+        code, hash_, _ = line.partition("#")
+        started = started or bool(code.strip())
+        if hash_ and started:
+            return f"{number}:{len(code) + 1}"
+    return None
 
 
 def _leading_comment(text: str) -> str:
@@ -103,20 +118,21 @@ def cmd_compile(args) -> int:
     from .build import nvcc_command
     from .lower import lower
 
+    out = output_dir(args.output, "-o")
     programs, ok = _load(args.files, args.gpu)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    if programs:  # nothing to write, no directory made
+        out.mkdir(parents=True, exist_ok=True)
     for path, program in programs:
         source = lower(program, args.gpu)
         cu = out / f"{Path(path).stem}.cu"
-        cu.write_text(source.code)
+        write_atomic(cu, source.code)
         if source.host_code:  # two steps, run in out/: the device code's fatbin, the library
             host = out / f"{Path(path).stem}.host.cpp"
-            host.write_text(source.host_code)
+            write_atomic(host, source.host_code)
             command = nvcc_command(source, cu.absolute(), cu.with_suffix(".so").absolute(), host.absolute())
         else:
             command = nvcc_command(source, cu, cu.with_suffix(".so"))
-        (out / f"{Path(path).stem}.nvcc.sh").write_text("#!/bin/sh\n" + command + "\n")
+        write_atomic(out / f"{Path(path).stem}.nvcc.sh", "#!/bin/sh\n" + command + "\n")
         print(f"{cu}  (entry {source.entry})")
         if args.verbose:
             print(f"  {command}")
@@ -130,11 +146,11 @@ def recorded_best(args, l2: str | None = None) -> dict:
     from .db import DatabaseError, KernelDB, ProtocolMismatchError
 
     try:
-        db = KernelDB(args.db, readonly=True)
-        db.check_gpu(args.gpu)
-        if l2 is not None:
-            db.check_l2(l2)
-        return db.best_all(args.gpu)
+        with KernelDB(args.db, readonly=True) as db:
+            db.check_gpu(args.gpu)
+            if l2 is not None:
+                db.check_l2(l2)
+            return db.best_all(args.gpu)
     except ProtocolMismatchError as exc:
         raise usage("E-PROTOCOL", str(exc)) from None
     except DatabaseError as exc:
@@ -146,9 +162,18 @@ def cmd_build(args) -> int:
     from .lower import lower
     from .search.evaluate import build_program
 
+    from .check import check
+
     programs, ok = _load(args.files, args.gpu)
-    if args.db:  # each shape's best program: what the dispatcher will load
-        programs += [(f"{args.db}:{shape}", p) for shape, (p, _, _) in sorted(recorded_best(args).items())]
+    if args.db:  # each shape's best program: what the dispatcher will load, checked like a file's
+        for shape, (p, _, _) in sorted(recorded_best(args).items()):
+            problems = [d for d in check(p, args.gpu) if d.is_error]
+            for d in problems:
+                eprint(f"{args.db}:{shape}: {d}")
+            if problems:
+                ok = False
+            else:
+                programs.append((f"{args.db}:{shape}", p))
     if not programs:
         raise fail("E-USAGE", "nothing to build: give DSL files or --db")
     # The library of a program's compile-time configuration (knobs are launch arguments):
@@ -204,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="compile programs to shared libraries (cached)")
     p.add_argument("files", nargs="*")
     p.add_argument("--db", help="also build each shape's best program in this kernel database")
-    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs (default: cores)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per nvcc run")
+    p.add_argument("-j", "--jobs", type=at_least(1), default=None, help="parallel nvcc jobs (default: cores)")
+    p.add_argument("--timeout", type=positive_float, default=900, help="seconds per nvcc run")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
     p.set_defaults(func=cmd_build)
 
@@ -222,13 +247,16 @@ def _add_late_commands(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    if any("\x00" in a for a in (argv if argv is not None else sys.argv[1:])):  # no path or value holds one
+        eprint("l2gen: E-USAGE: an argument holds a NUL character")
+        return EXIT_USAGE
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
     try:
         return args.func(args)
-    except UsageError as exc:
+    except UsageError as exc:  # (a subclass of DiagnosticError: first)
         for d in exc.diagnostics:
             eprint(d)
         return EXIT_USAGE

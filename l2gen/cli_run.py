@@ -10,7 +10,8 @@ from .cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best, us
 from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Span
 from .protocol import DEFAULT_GRAPH_CALLS, DEFAULT_L2, DEFAULT_QPS, L2_PROTOCOLS, MODES
-from .timing import DEFAULT_ROUNDS
+from .timing import DEFAULT_ROUNDS, MIN_REPS
+from .validate import at_least, dimension, output_file, positive_float, write_atomic
 
 
 def load_suite(path: str) -> list:
@@ -26,20 +27,21 @@ def load_suite(path: str) -> list:
         raise DiagnosticError(
             [Diagnostic("E-SUITE", f"not JSON: {exc.msg}", Span(path, exc.lineno, exc.colno))]
         ) from None
+    except (ValueError, RecursionError) as exc:  # an integer too long to convert, nesting too deep
+        raise DiagnosticError([Diagnostic("E-SUITE", f"not a usable JSON file: {str(exc)[:200]}", where)]) from None
     entries = data.get("shapes") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise DiagnosticError([Diagnostic("E-SUITE", "the suite has no 'shapes' list (or it is empty)", where)])
     shapes = []
     for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not all(key in e for key in ("m", "n", "k")):
+            raise DiagnosticError([Diagnostic("E-SUITE", f"shape #{i} is not an object with m, n and k", where)])
         try:
-            m, n, k = (int(e[key]) for key in ("m", "n", "k"))
-            if min(m, n, k) <= 0:
-                raise ValueError("a dimension is not positive")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DiagnosticError(
-                [Diagnostic("E-SUITE", f"shape #{i} is not {{m, n, k}} of positive integers: {e!r} ({exc})", where)]
-            ) from None
+            m, n, k = (dimension(e[key], f"shape #{i}'s {key}", where) for key in ("m", "n", "k"))
+        except DiagnosticError as exc:  # the same diagnostic, as a suite error (exit 1)
+            raise DiagnosticError([Diagnostic("E-SUITE", d.message, d.span) for d in exc.diagnostics]) from None
         shapes.append(Shape(m, n, k))
+    suite_layout(path)  # a 'b' that is not kn or nk, or mixed layouts: refused here too
     if len(set(shapes)) != len(shapes):
         eprint(f"{path}: duplicate shapes dropped")
         shapes = list(dict.fromkeys(shapes))
@@ -51,11 +53,13 @@ def suite_layout(path: str) -> str | None:
     suite that mixes layouts is an error (one bench serves one layout)."""
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # load_suite reports it
     entries = data.get("shapes") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        return None  # load_suite reports it
     found = {e.get("b") for e in entries or [] if isinstance(e, dict) and e.get("b") is not None}
-    if len(found) > 1 or not found <= {"kn", "nk"}:
+    if not all(isinstance(b, str) for b in found) or len(found) > 1 or not found <= {"kn", "nk"}:
         raise DiagnosticError([Diagnostic("E-SUITE", f"the shapes' B layouts are {sorted(map(str, found))}: a suite "
                                           "must name one, kn or nk (split it to bench both)", Span(path))])
     return found.pop() if found else None
@@ -88,7 +92,7 @@ def _shapes(args) -> list:
         try:
             shapes.append(Shape.parse(text))
         except ValueError as exc:
-            raise fail("E-SHAPE", str(exc)) from None
+            raise usage("E-SHAPE", str(exc)) from None
     if args.suite:
         shapes += load_suite(args.suite)
     if not shapes:
@@ -99,6 +103,9 @@ def _shapes(args) -> list:
 def cmd_sample(args) -> int:
     from .sample import compile_sample, write_report
 
+    if args.out:
+        output_file(args.out, "-o")
+        output_file(args.out + ".partial", "-o")
     partial = {"done": 0, "total": 0, "failed": 0, "failures": []}
 
     def progress(done, total, result):
@@ -109,7 +116,7 @@ def cmd_sample(args) -> int:
             if not result.ok:
                 partial["failed"] += 1
                 partial["failures"].append({"program": result.source.program.name, "error": result.error})
-            Path(args.out + ".partial").write_text(json.dumps(partial, indent=1))
+            write_atomic(args.out + ".partial", json.dumps(partial, indent=1))
 
     report = compile_sample(args.count, args.seed, args.gpu, jobs=args.jobs, bundle=args.bundle, timeout=args.timeout, progress=progress)
     if args.out:
@@ -132,6 +139,9 @@ def cmd_bench(args) -> int:
 
     protocol = _protocol(args)
     b_layout = _layout(args)
+    output_file(args.out, "-o")
+    if not args.no_plot:
+        output_file(Path(args.out).with_suffix(".png"), "-o (its plot)")
     if device_count() == 0:
         raise fail("E-GPU", "no CUDA GPU found (or no driver for this CUDA runtime): bench needs one; 'l2gen build' and 'l2gen tune --simulate' do not")
     programs = []
@@ -221,6 +231,8 @@ def cmd_bench_dispatch(args) -> int:
     if not torch.cuda.is_available():
         raise fail("E-GPU", "no CUDA GPU visible to torch: bench-dispatch needs one")
     shapes = _shapes(args)
+    if args.out:
+        output_file(args.out, "-o")
     try:
         results = bench_dispatch(shapes, args.db, reps=args.reps, rounds=args.rounds, tolerance=args.tolerance, progress=eprint, l2=args.l2)
     except ProbeError as exc:
@@ -237,15 +249,18 @@ def cmd_compare(args) -> int:
     from .compare import compare_db, compare_results
     from .protocol import Protocol, ProtocolError, ProtocolMismatch
 
+    from .schema import read_results
+
+    if args.out:
+        output_file(args.out, "-o")
+
     def load(path):
+        doc = read_results(path)
         try:
-            doc = json.loads(Path(path).read_text())
             Protocol.of(doc)
-            return doc
-        except (OSError, ValueError, AttributeError) as exc:
-            if isinstance(exc, ProtocolError):
-                raise usage("E-PROTOCOL", f"{path}: {exc}") from None
-            raise fail("E-RESULTS", f"{path}: cannot read a bench results file: {exc}") from None
+        except ProtocolError as exc:
+            raise usage("E-PROTOCOL", f"{path}: {exc}") from None
+        return doc
 
     try:
         if args.db:
@@ -270,7 +285,7 @@ def cmd_compare(args) -> int:
                 "summary": comparison.summary(), "ok": comparison.ok,
                 "pairs": [{"m": p.shape.m, "n": p.shape.n, "k": p.shape.k, "program": p.what, "first": p.first,
                            "second": p.second, "change": p.change} for p in comparison.pairs]}
-        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+        write_atomic(args.out, json.dumps(data, indent=1) + "\n")
     return EXIT_OK if comparison.ok else EXIT_FAIL
 
 
@@ -292,11 +307,11 @@ def _protocol_options(p) -> None:
 def add_commands(sub) -> None:
     """Register sample, bench, tune and db."""
     p = sub.add_parser("sample", help="compile random valid programs; report counts and compile times")
-    p.add_argument("--count", type=int, default=20)
+    p.add_argument("--count", type=at_least(1), default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-j", "--jobs", type=int, default=None)
-    p.add_argument("--bundle", type=int, default=1, help="programs per translation unit")
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("-j", "--jobs", type=at_least(1), default=None)
+    p.add_argument("--bundle", type=at_least(1), default=1, help="programs per translation unit")
+    p.add_argument("--timeout", type=positive_float, default=900)
     p.add_argument("-o", "--out", help="write the JSON report here")
     p.set_defaults(func=cmd_sample)
 
@@ -305,15 +320,15 @@ def add_commands(sub) -> None:
     p.add_argument("--db", help="also bench the best program of each shape in this kernel database, on that shape "
                    "(and, without --shape/--suite, on the database's shapes only)")
     p.add_argument("--db-all", action="store_true", help="run every --db program on every shape")
-    p.add_argument("--top", type=int, default=1, metavar="N",
+    p.add_argument("--top", type=at_least(1), default=1, metavar="N",
                    help="with --db: each shape's N best programs (each judged by its least favourable run)")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
-    p.add_argument("--reps", type=int, default=50, help="timed runs per median and round (at least 30)")
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+    p.add_argument("--reps", type=at_least(MIN_REPS), default=50, help=f"timed runs per median and round (at least {MIN_REPS})")
+    p.add_argument("--rounds", type=at_least(1), default=DEFAULT_ROUNDS,
                    help="timing rounds per shape, each on freshly allocated buffers; the median pools them")
-    p.add_argument("--seeds", type=int, default=3, help="input sets verified per program")
-    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel nvcc jobs")
+    p.add_argument("--seeds", type=at_least(1), default=3, help="input sets verified per program")
+    p.add_argument("-j", "--jobs", type=at_least(1), default=None, help="parallel nvcc jobs")
     p.add_argument("-o", "--out", default="bench-results.json")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--b", choices=("kn", "nk"), default=None,
@@ -324,7 +339,7 @@ def add_commands(sub) -> None:
     p = sub.add_parser("compare", help="do the speedups of one bench run reproduce in another (or a database's records)?")
     p.add_argument("files", nargs="+", help="two bench results files (one with --db)")
     p.add_argument("--db", help="compare this kernel database's recorded best speedups with one bench results file")
-    p.add_argument("--tolerance", type=float, default=0.03, help="largest relative change that counts as reproduced")
+    p.add_argument("--tolerance", type=positive_float, default=0.03, help="largest relative change that counts as reproduced")
     p.add_argument("--all", action="store_true", help="list every pair, not only those that moved")
     p.add_argument("-o", "--out", help="write the comparison as JSON here")
     p.set_defaults(func=cmd_compare)
@@ -333,9 +348,9 @@ def add_commands(sub) -> None:
     p.add_argument("--db", required=True, help="the kernel database the dispatcher serves from")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
-    p.add_argument("--reps", type=int, default=200, help="event-timed calls per median")
-    p.add_argument("--rounds", type=int, default=15, help="back-to-back loops per wall-time median")
-    p.add_argument("--tolerance", type=float, default=0.03, help="largest slowdown that counts as noise")
+    p.add_argument("--reps", type=at_least(MIN_REPS), default=200, help="event-timed calls per median")
+    p.add_argument("--rounds", type=at_least(1), default=15, help="back-to-back loops per wall-time median")
+    p.add_argument("--tolerance", type=positive_float, default=0.03, help="largest slowdown that counts as noise")
     p.add_argument("--l2", choices=L2_PROTOCOLS, default=DEFAULT_L2,
                    help="the L2 before each event-timed call (default clean), and the protocol whose winners the dispatcher serves")
     p.add_argument("-o", "--out", help="write the results as JSON here")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .cli import EXIT_FAIL, EXIT_OK, eprint, fail, usage
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
-from .timing import DEFAULT_ROUNDS
+from .timing import DEFAULT_ROUNDS, MIN_REPS
+from .validate import at_least, output_file, write_atomic
 
 
 def _policy(args):
@@ -65,28 +66,39 @@ def _evaluator(args):
 
 
 def cmd_tune(args, shapes_of) -> int:
-    from .db import DatabaseError, KernelDB, ProtocolMismatchError
-    from .search.loop import tune
+    from .db import DEFAULT_DB, SIMULATED_DB, DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
+    from .search.evaluate import unserved
+    from .search.loop import TuneError, tune
 
     shapes = shapes_of(args)
-    if args.budget <= 0:
-        raise fail("E-BUDGET", f"--budget must be a positive number of measured candidates per shape, got {args.budget}")
+    for shape in shapes:  # before the database is opened (or made)
+        why = unserved(shape)
+        if why:
+            raise fail("E-TUNE", f"cannot tune {shape}: {why}")
+    if args.db is None:  # simulated rows never land beside measured ones
+        args.db = SIMULATED_DB if args.simulate else DEFAULT_DB
+    for option, path in (("--curves", args.curves), ("--policy-state", args.policy_state)):
+        if path:  # before the work: a run must not end unable to write what it learned
+            output_file(path, option)
+    policy = _policy(args)  # a policy that cannot be made (an LLM not configured) before any file is touched
     try:  # before anything is built: a database of another protocol cannot take this run's rows
         with KernelDB(args.db) as db:
             db.check_gpu(args.gpu)
             db.check_l2(args.l2)
+            db.check_evidence("simulated" if args.simulate else "measured")
     except ProtocolMismatchError as exc:
         raise usage("E-PROTOCOL", f"{exc} (this tune times with --l2 {args.l2})") from None
+    except EvidenceMismatchError as exc:
+        raise usage("E-EVIDENCE", f"{exc} (this tune {'simulates' if args.simulate else 'measures on a GPU'})") from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
-    policy = _policy(args)
     evaluator = _evaluator(args)
     try:
-        db = KernelDB(args.db)
-        summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel)
+        with KernelDB(args.db) as db:
+            summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel)
     except DatabaseError as exc:
-        raise fail("E-DB", str(exc)) from None
-    except ValueError as exc:
+        raise fail("E-DB", f"{exc}; every measurement committed before it is kept") from None
+    except (ValueError, TuneError) as exc:
         raise fail("E-TUNE", str(exc)) from None
     except Exception as exc:  # an LLM policy that cannot go on (auth, unknown model, ...)
         if type(exc).__name__ != "LLMError":
@@ -96,55 +108,81 @@ def cmd_tune(args, shapes_of) -> int:
     print(summary.table())
     if hasattr(policy, "stats"):
         print("llm usage:", json.dumps(policy.stats.as_dict()))
+    written = True
     if args.policy == "embedded" and args.policy_state:
-        policy.save(args.policy_state)
-        print(f"policy state: {args.policy_state}")
+        written &= _write(args.policy_state, "--policy-state", lambda: json.dumps(policy.state(), indent=1))
     if args.curves:
         curves = {str(s): r.curve for s, r in summary.results.items()}
-        Path(args.curves).write_text(json.dumps({"policy": args.policy, "gpu": args.gpu.name, "budget": args.budget, "curves": curves}, indent=1))
-    return EXIT_OK if not summary.interrupted else 130
+        written &= _write(args.curves, "--curves", lambda: json.dumps({"policy": args.policy, "gpu": args.gpu.name, "budget": args.budget, "curves": curves}, indent=1))
+    if summary.interrupted:
+        return 130
+    return EXIT_OK if written else EXIT_FAIL
+
+
+def _write(path: str, option: str, text) -> bool:
+    """Write an output of a finished run (atomically); on failure say so, keep going."""
+    try:
+        write_atomic(path, text())
+    except OSError as exc:
+        eprint(f"l2gen: E-OUTPUT: {option} {path}: cannot write: {exc.strerror or exc} (every measurement is in the database)")
+        return False
+    print(f"{option[2:].replace('-', ' ')}: {path}")
+    return True
 
 
 def cmd_db(args) -> int:
-    from .db import DatabaseError, KernelDB, ProtocolMismatchError
-    from .printer import format_program
+    from .db import DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
 
+    if args.action == "export":
+        output_file(args.file, "export")
     try:
-        db = KernelDB(args.db, readonly=args.action in ("show", "export"))
-        if args.action == "show":
-            best = db.best_all(args.gpu)
-            print(f"{args.db}: {db.count()} measurements (l2 {db.l2 or 'none yet'}), best programs for {len(best)} shapes on {args.gpu.name}")
-            for shape, (program, speedup, time_us) in sorted(best.items()):
-                print(f"  {str(shape):>20}  {time_us:9.1f} us  {speedup:5.2f}x  {program.name}")
-                if args.verbose:
-                    print("    " + format_program(program).replace("\n", "\n    "))
-        elif args.action == "export":
-            n = db.export_json(args.file)
-            print(f"exported {n} measurements to {args.file}")
-        elif args.action == "import-bench":
-            n = db.import_bench(args.file)
-            print(f"added {n} measured rows from {args.file}")
-        else:
-            n = db.import_json(args.file)
-            print(f"imported {n} measurements from {args.file}")
+        with KernelDB(args.db, readonly=args.action in ("show", "export")) as db:
+            _db_action(args, db)
     except ProtocolMismatchError as exc:
         raise usage("E-PROTOCOL", str(exc)) from None
+    except EvidenceMismatchError as exc:
+        raise usage("E-EVIDENCE", str(exc)) from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     return EXIT_OK
+
+
+def _db_action(args, db) -> None:
+    """What ``l2gen db ACTION`` does to an open database."""
+    from .printer import format_program
+
+    if args.action == "show":
+        best = db.best_all(args.gpu)
+        print(f"{args.db}: {db.count()} measurements (l2 {db.l2 or 'none yet'}), best programs for {len(best)} shapes on {args.gpu.name}")
+        for shape, (program, speedup, time_us) in sorted(best.items()):
+            print(f"  {str(shape):>20}  {time_us:9.1f} us  {speedup:5.2f}x  {program.name}")
+            if args.verbose:
+                print("    " + format_program(program).replace("\n", "\n    "))
+    elif args.action == "export":
+        n = db.export_json(args.file)
+        print(f"exported {n} measurements to {args.file}")
+    elif args.action == "import-bench":
+        n = db.import_bench(args.file)
+        print(f"added {n} measured rows from {args.file}")
+    else:
+        n = db.import_json(args.file)
+        print(f"imported {n} measurements from {args.file}")
 
 
 def cmd_curves(args) -> int:
     from .curves import compare_runs, curves_from_db, format_comparison, label_of, plot_comparison
     from .db import DatabaseError, KernelDB
 
+    for option, path in (("-o", args.out), ("--plot", args.plot)):
+        if path:
+            output_file(path, option)
     runs = {}
     try:
         for path in args.dbs:
-            db = KernelDB(path, readonly=True)
-            db.check_gpu(args.gpu)
-            name = label_of(path, db)
-            runs[name if name not in runs else path] = curves_from_db(db, args.gpu, budget=args.budget)
+            with KernelDB(path, readonly=True) as db:
+                db.check_gpu(args.gpu)
+                name = label_of(path, db)
+                runs[name if name not in runs else path] = curves_from_db(db, args.gpu, budget=args.budget)
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
     budget = args.budget or min((len(c) for run in runs.values() for c in run.values()), default=0)
@@ -154,7 +192,7 @@ def cmd_curves(args) -> int:
     print(format_comparison(result))
     if args.out:
         curves = {name: {str(s): c for s, c in run.items()} for name, run in runs.items()}
-        Path(args.out).write_text(json.dumps({"gpu": args.gpu.name, **result, "curves": curves}, indent=1) + "\n")
+        write_atomic(args.out, json.dumps({"gpu": args.gpu.name, **result, "curves": curves}, indent=1) + "\n")
     if args.plot and not plot_comparison(runs, result, args.plot):
         eprint("matplotlib is not installed: no plot (pip install 'l2gen[plot]')")
     return EXIT_OK
@@ -164,23 +202,24 @@ def add_commands(sub, shapes_of) -> None:
     p = sub.add_parser("tune", help="search for the fastest programs per shape (RL over the DSL)")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file")
-    p.add_argument("--budget", type=int, default=32, help="measured candidates per shape")
-    p.add_argument("--batch", type=int, default=8, help="candidates proposed per step")
-    p.add_argument("--parallel", type=int, default=1, help="shapes tuned at once (one shape's builds overlap another's measurement)")
+    p.add_argument("--budget", type=at_least(1), default=32, help="measured candidates per shape")
+    p.add_argument("--batch", type=at_least(1), default=8, help="candidates proposed per step")
+    p.add_argument("--parallel", type=at_least(1), default=1, help="shapes tuned at once (one shape's builds overlap another's measurement)")
     p.add_argument("--policy", choices=("embedded", "random", "llm"), default="embedded")
     p.add_argument("--policy-state", help="embedded policy state (JSON): loaded if present, saved after the run "
                    "(without it the embedded policy starts from the state shipped for the GPU, if any)")
     p.add_argument("--fresh-policy", action="store_true", help="start the embedded policy from zero, not from a shipped state")
-    p.add_argument("--db", default="l2gen-kernels.db", help="kernel database (SQLite); resumes from it")
+    p.add_argument("--db", default=None, help="kernel database (SQLite); resumes from it (default l2gen-kernels.db, "
+                   "with --simulate l2gen-kernels-simulated.db: simulated rows never share a database with measured ones)")
     p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reps", type=int, default=50, help="timed runs per median and round")
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="timing rounds, each on fresh buffers (as l2gen bench)")
+    p.add_argument("--reps", type=at_least(MIN_REPS), default=50, help="timed runs per median and round")
+    p.add_argument("--rounds", type=at_least(1), default=DEFAULT_ROUNDS, help="timing rounds, each on fresh buffers (as l2gen bench)")
     p.add_argument("--l2", choices=L2_PROTOCOLS, default=DEFAULT_L2,
                    help="the L2 before each timed run: clean (read pass over 4x the L2: as in a model, the default), "
                    "dirty (a written flush, as before), warm (none); a database holds one"),
-    p.add_argument("-j", "--jobs", type=int, default=None)
-    p.add_argument("--bundle", type=int, default=1, help="programs per nvcc run when a batch builds several (saves header parsing)")
+    p.add_argument("-j", "--jobs", type=at_least(1), default=None)
+    p.add_argument("--bundle", type=at_least(1), default=1, help="programs per nvcc run when a batch builds several (saves header parsing)")
     p.add_argument("--curves", help="write best-so-far curves (JSON) here")
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $L2GEN_LLM_MODEL)")
@@ -190,7 +229,7 @@ def add_commands(sub, shapes_of) -> None:
 
     p = sub.add_parser("curves", help="best-so-far curves of tuning runs (their databases), side by side")
     p.add_argument("dbs", nargs="+", help="kernel databases, one per run (named by their policy)")
-    p.add_argument("--budget", type=int, default=None, help="candidates per shape to compare at (default: the fewest any shape has)")
+    p.add_argument("--budget", type=at_least(1), default=None, help="candidates per shape to compare at (default: the fewest any shape has)")
     p.add_argument("-o", "--out", help="write curves and comparison as JSON here")
     p.add_argument("--plot", help="write a PNG here")
     p.set_defaults(func=cmd_curves)

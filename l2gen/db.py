@@ -9,14 +9,22 @@ records the schema version, the GPU and the L2 protocol the database belongs to.
 database recorded on one GPU refuses measurements or lookups for another
 (:meth:`KernelDB.check_gpu`): timings do not transfer between devices. Likewise a
 database of one L2 protocol refuses measurements of another (:meth:`KernelDB.check_l2`):
-a speedup timed after a written flush is not evidence about a clean-cold L2.
+a speedup timed after a written flush is not evidence about a clean-cold L2. And a
+database holds measured rows or simulated ones (``meta`` 'evidence',
+:meth:`KernelDB.check_evidence`), never both.
+
+``meta`` 'format' = ``l2gen-kernel-db`` marks a file as ours: an existing file is looked
+at read-only first, and one without the marker (or the schema of an l2gen from before
+it) is refused before anything, its journal mode included, is written to it.
 
 Schema 1 (before the protocol was recorded) had no ``l2``: every such row was timed after
 the written flush, so opening one for writing adds the column with ``dirty`` and claims
 the database for ``dirty``; read-only, its rows read as ``dirty`` (the shipped database).
 
-WAL journal, one connection per thread, a commit per measurement, so a tuning run that
-is killed loses at most the candidate in flight.
+WAL journal, a 30 s busy timeout, one connection per thread, a commit per measurement,
+so a tuning run that is killed loses at most the candidate in flight; a tune's rows go in
+through :meth:`KernelDB.add_new`, which checks and inserts in one write transaction, so
+two processes tuning one database store each candidate once and no shape past its budget.
 """
 
 from __future__ import annotations
@@ -41,9 +49,12 @@ from .protocol import LEGACY_L2, ProtocolMismatch, check_l2, l2_of
 from .search.base import Measurement, Shape, program_key
 from .targets import Gpu
 from .toolchain import found_nvcc_version
+from .validate import write_atomic
 
 SCHEMA_VERSION = 2  # 2: measurements.l2, meta 'l2'
-FORMAT = "l2gen-kernel-db"
+FORMAT = "l2gen-kernel-db"  # also meta 'format': what marks an SQLite file as ours
+DEFAULT_DB = "l2gen-kernels.db"  # tune's and db's default
+SIMULATED_DB = "l2gen-kernels-simulated.db"  # tune --simulate's default: never beside measured rows
 
 # The best program of each (GPU, arch, shape). A program measured more than once on a shape
 # is judged by its least favourable verified measurement (a lucky run does not make it the
@@ -115,8 +126,59 @@ CREATE VIEW best AS
 """
 
 _SCHEMA = _SCHEMA.replace("{best}", _BEST.strip().replace("{rows}", _ROWS) + ";")
+_BEST_VIEW = "CREATE VIEW best AS\n" + _BEST.strip().replace("{rows}", _ROWS)  # as sqlite_master keeps it
 
 _COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env", "l2")
+
+
+def _uri(path: Path, query: str) -> str:
+    """A ``file:`` URI for ``path`` (``?``, ``#`` and ``%`` in the name quoted)."""
+    return f"{path.absolute().as_uri()}?{query}"
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    """A read-only connection that creates nothing, not even a missing file."""
+    try:
+        conn = sqlite3.connect(_uri(path, "mode=ro"), uri=True, check_same_thread=False)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:  # a WAL file in a read-only place (an installed wheel)
+        conn = sqlite3.connect(_uri(path, "immutable=1"), uri=True, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+def _check_ours(path: Path) -> dict:
+    """Raise :class:`DatabaseError` unless ``path`` is an l2gen kernel database, looked at
+    read-only: its ``meta`` table says ``format`` l2gen-kernel-db, or (written before the
+    marker) it has l2gen's ``meta`` keys and a ``measurements`` table with l2gen's columns.
+    Any other SQLite file (one with a ``meta`` table of its own too) is left untouched.
+    Returns its ``meta`` (format, schema_version, gpu) and the SQL of its ``best`` view."""
+    try:
+        conn = _connect_ro(path)
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(f"{path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        view = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'view' AND name = 'best'").fetchone()
+        meta = {}
+        if "meta" in tables:
+            try:
+                meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('format', 'schema_version', 'gpu')").fetchall())
+            except sqlite3.DatabaseError:
+                meta = {}
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(measurements)")} if "measurements" in tables else set()
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(f"{path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
+    finally:
+        conn.close()
+    meta["best_view"] = view[0] if view else None
+    if meta.get("format") == FORMAT:
+        return meta
+    legacy = "format" not in meta and "schema_version" in meta and set(_COLUMNS) - {"l2"} <= columns
+    if not legacy:
+        raise DatabaseError(f"{path}: an SQLite file, but not an l2gen kernel database (no l2gen schema marker); "
+                            "it was left as it was: name another file")
+    return meta
 
 
 class DatabaseError(Exception):
@@ -129,6 +191,23 @@ class GpuMismatchError(DatabaseError):
 
 class ProtocolMismatchError(DatabaseError, ProtocolMismatch):
     """The database holds measurements timed under another L2 protocol."""
+
+
+class EvidenceMismatchError(DatabaseError):
+    """The database holds simulated rows and measured ones were to be added, or the reverse."""
+
+
+def _env_rows(rows: str, env: dict) -> str:
+    """``rows`` restricted to measured (not simulated) rows whose env has ``env``'s values."""
+    def literal(value) -> str:
+        return "'" + str(value).replace("'", "''") + "'"
+
+    where = ["json_extract(env, '$.simulated') IS NULL"]
+    for key, value in sorted(env.items()):
+        if not str(key).isidentifier():
+            raise ValueError(f"not an environment key: {key!r}")
+        where.append(f"json_extract(env, '$.{key}') = {literal(value)}")
+    return f"(SELECT * FROM {rows} AS e WHERE {' AND '.join(where)})"
 
 
 def _gpu_name(gpu: Gpu | str) -> str:
@@ -155,20 +234,31 @@ class KernelDB:
         self._lock = threading.Lock()
         self._checked: set[str] = set()
         self._rows = _ROWS
-        if readonly and not self.path.is_file():
-            raise DatabaseError(f"{self.path}: no such kernel database")
-        existed = self.path.is_file() and self.path.stat().st_size > 0
+        try:
+            if self.path.exists() and not self.path.is_file():
+                raise DatabaseError(f"{self.path}: not a file (a kernel database is one SQLite file)")
+            if readonly and not self.path.is_file():
+                raise DatabaseError(f"{self.path}: no such kernel database")
+            existed = self.path.is_file() and self.path.stat().st_size > 0
+        except OSError as exc:  # a name too long, a folder that cannot be searched
+            raise DatabaseError(f"{str(self.path)[:200]}: cannot use this path: {exc.strerror or exc}") from None
+        current = False
+        if existed:  # before anything writes to it (journal mode included): is it ours, and can we read it?
+            meta = _check_ours(self.path)
+            version = meta.get("schema_version")
+            if version is None or not version.isdigit() or int(version) > SCHEMA_VERSION:
+                raise DatabaseError(f"{self.path}: kernel database schema version {version} is not supported (this l2gen reads "
+                                    f"version {SCHEMA_VERSION}); upgrade l2gen")
+            current = int(version) == SCHEMA_VERSION and meta.get("format") == FORMAT and meta.get("best_view") == _BEST_VIEW
         try:
             conn = self._conn()
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-            if existed and "meta" not in tables:
-                raise DatabaseError(f"{self.path}: an SQLite file, but not an l2gen kernel database (no 'meta' table)")
-            if not readonly:
+            if not readonly and not current:  # a new file, a migration, or a view to refresh
                 if existed and self._meta("schema_version") == "1":
                     self._migrate_v1(conn)
                 with conn:
                     conn.executescript(_SCHEMA)
                     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', ?)", (FORMAT,))
             version = self._meta("schema_version")
             if version == "1":  # read-only: its rows were all timed after the written flush
                 self._rows = _ROWS_V1
@@ -199,11 +289,7 @@ class KernelDB:
         if conn is not None:
             return conn
         if self.readonly:
-            try:
-                conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            except sqlite3.OperationalError:  # a WAL file in a read-only place (an installed wheel)
-                conn = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True, check_same_thread=False)
+            conn = _connect_ro(self.path)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
@@ -308,8 +394,8 @@ class KernelDB:
         """The protocol a lookup reads: the one asked for, else the database's own."""
         return l2 or self.l2 or LEGACY_L2
 
-    def _best_sql(self) -> str:
-        return _BEST.replace("{rows}", self._rows)
+    def _best_sql(self, env: dict | None = None) -> str:
+        return _BEST.replace("{rows}", self._rows if env is None else _env_rows(self._rows, env))
 
     def _judged_sql(self) -> str:
         return _JUDGED.replace("{rows}", self._rows)
@@ -318,22 +404,80 @@ class KernelDB:
 
     def add(self, measurement: Measurement, gpu: Gpu | str, policy: str = "", env: dict | None = None) -> int:
         """Persist one measurement (committed before returning); returns its row id."""
+        row_id = self._insert(measurement, gpu, policy, env, budget=None)
+        assert row_id is not None
+        return row_id
+
+    def add_new(self, measurement: Measurement, gpu: Gpu | str, policy: str, env: dict | None, *, budget: int) -> int | None:
+        """Persist one tuning measurement unless it would be a duplicate: the shape (under
+        its protocol) already has ``budget`` rows, or this program was already measured
+        there by a run of an evaluator of the same kind (another tune on this database,
+        say). Check and insert are one write transaction, so two processes tuning one
+        database at once store each candidate once and no shape past its budget. Returns
+        the row id, or None if nothing was stored."""
+        return self._insert(measurement, gpu, policy, env, budget=budget)
+
+    def _insert(self, measurement: Measurement, gpu: Gpu | str, policy: str, env: dict | None, *, budget: int | None) -> int | None:
         if self.readonly:
             raise DatabaseError(f"{self.path}: opened read-only")
         self.check_gpu(gpu)
         self.check_l2(measurement.l2)
         m, p = measurement, measurement.program
+        name = _gpu_name(gpu)
+        key = program_key(p)
         row = (
-            _gpu_name(gpu), p.family.value, m.shape.m, m.shape.n, m.shape.k, format_program(p), program_key(p), m.status,
+            name, p.family.value, m.shape.m, m.shape.n, m.shape.k, format_program(p), key, m.status,
             m.time_us, m.baseline_us, m.relerr, m.error, policy, _now(), json.dumps(env or {}, sort_keys=True), m.l2,
         )
         conn = self._conn()
         try:
-            with conn:
+            conn.execute("BEGIN IMMEDIATE")  # take the write lock before reading what decides the insert
+            try:
+                if budget is not None:
+                    where = "gpu = ? AND l2 = ? AND m = ? AND n = ? AND k = ?"
+                    shape = (name, m.l2, m.shape.m, m.shape.n, m.shape.k)
+                    count = conn.execute(f"SELECT count(*) FROM measurements WHERE {where}", shape).fetchone()[0]
+                    seen = m.status != "rejected" and conn.execute(
+                        f"SELECT 1 FROM measurements WHERE {where} AND program_key = ? AND status != 'rejected' LIMIT 1", shape + (key,)).fetchone()
+                    if count >= budget or seen:
+                        conn.rollback()
+                        return None
                 cur = conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", row)
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"{self.path}: {exc}") from None
         return int(cur.lastrowid)
+
+    # -- what kind of evidence the database holds ----------------------------------------
+
+    @property
+    def evidence(self) -> str | None:
+        """``measured`` (timed on a GPU), ``simulated`` (the analytic model of
+        :mod:`l2gen.search.simulate`), or None while the database is unclaimed."""
+        recorded = self._meta("evidence")
+        if recorded is None:
+            rows = self._query(f"SELECT count(*) FROM {self._rows} AS r WHERE json_extract(env, '$.simulated') IS NOT NULL")
+            if rows and rows[0][0]:
+                return "simulated"
+        return recorded
+
+    def check_evidence(self, evidence: str) -> None:
+        """Claim an unclaimed database for ``measured`` or ``simulated`` rows, or make sure
+        it holds that kind: a simulated speedup must never rank beside (or be served as) a
+        measured one. A mismatch raises :class:`EvidenceMismatchError`."""
+        recorded = self.evidence
+        if recorded is None and evidence == "simulated" and self._query("SELECT count(*) FROM measurements")[0][0]:
+            recorded = "measured"  # rows from before the marker that are not simulated
+        if recorded is not None and recorded != evidence:
+            raise EvidenceMismatchError(
+                f"{self.path} holds {recorded} rows, not {evidence} ones; simulated and measured speedups are kept in "
+                f"separate databases (tune --simulate writes {SIMULATED_DB} by default): use another database file")
+        if recorded is None and not self.readonly:
+            with self._conn() as conn:
+                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('evidence', ?)", (evidence,))
 
     # -- reading -------------------------------------------------------------------------
 
@@ -379,11 +523,13 @@ class KernelDB:
                 return m.program, float(speedup), float(time_us)
         return None
 
-    def best_all(self, gpu: Gpu | str, *, b_layout: BLayout | None = None, l2: str | None = None) -> dict[Shape, tuple[Program, float, float]]:
+    def best_all(self, gpu: Gpu | str, *, b_layout: BLayout | None = None, l2: str | None = None, env: dict | None = None) -> dict[Shape, tuple[Program, float, float]]:
         """The best (program, speedup, time_us) of every shape measured on a GPU under an
-        L2 protocol (None: the database's own)."""
+        L2 protocol (None: the database's own). ``env`` (what a dispatcher serves): only
+        rows that were measured, not simulated, and whose recorded environment has each
+        of its key: value pairs (e.g. ``{"nvcc": "13.0.88"}``) count."""
         out: dict[Shape, tuple[Program, float, float]] = {}
-        rows = self._query(f"WITH best AS ({self._best_sql()}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? AND l2 = ? "
+        rows = self._query(f"WITH best AS ({self._best_sql(env)}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? AND l2 = ? "
                            "ORDER BY m, n, k, speedup DESC", (_gpu_name(gpu), self._l2(l2)))
         for m, n, k, text, speedup, time_us in rows:
             shape = Shape(m, n, k)
@@ -428,11 +574,10 @@ class KernelDB:
             record["env"] = json.loads(record["env"] or "{}")
             records.append(record)
         doc = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "gpu": self.gpu, "l2": self.l2, "measurements": records}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
+        try:
+            write_atomic(path, json.dumps(doc, indent=1))
+        except OSError as exc:
+            raise DatabaseError(f"{path}: cannot write the export: {exc.strerror or exc}") from None
         return len(records)
 
     def import_json(self, path: str | Path) -> int:
@@ -440,49 +585,54 @@ class KernelDB:
         Returns how many were added. A file from another GPU raises GpuMismatchError; one
         timed under another L2 protocol (a record without ``l2`` was timed ``dirty``)
         raises ProtocolMismatchError."""
+        from .diagnostics import DiagnosticError
+        from .schema import check_export, read_json
+
         path = Path(path)
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise DatabaseError(f"{path}: cannot read a kernel database export: {exc}") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise DatabaseError(f"{path}: not an l2gen kernel database export (format is not '{FORMAT}')")
-        if int(doc.get("schema_version", 0)) > SCHEMA_VERSION:
-            raise DatabaseError(f"{path}: export schema version {doc.get('schema_version')} is newer than this l2gen reads ({SCHEMA_VERSION})")
-        records = doc.get("measurements") or []
-        gpus = {r["gpu"] for r in records} | ({doc["gpu"]} if doc.get("gpu") else set())
+            doc = read_json(path, "E-EXPORT", "a kernel database export")
+            if isinstance(doc, dict) and isinstance(doc.get("schema_version"), int) and doc["schema_version"] > SCHEMA_VERSION:
+                raise DatabaseError(f"{path}: export schema version {doc.get('schema_version')} is newer than this l2gen reads ({SCHEMA_VERSION})")
+            records = check_export(doc, path, FORMAT)
+        except DiagnosticError as exc:  # the schema's message, with the field it names
+            raise DatabaseError("; ".join(str(d) for d in exc.diagnostics)) from None
+        gpus = {r["gpu"] for r in records} | ({doc["gpu"].lower()} if doc.get("gpu") else set())
         if len(gpus) > 1:
             raise GpuMismatchError(f"{path}: measurements from several GPUs ({', '.join(sorted(gpus))}) in one export")
         for gpu in gpus:
             self.check_gpu(gpu)
-        try:
-            protocols = {l2_of(r) for r in records} | ({l2_of(doc)} if "l2" in doc and doc["l2"] else set())
-        except ValueError as exc:
-            raise DatabaseError(f"{path}: {exc}") from None
+        protocols = {r["l2"] or LEGACY_L2 for r in records} | ({doc["l2"]} if doc.get("l2") else set())
         if len(protocols) > 1:
             raise ProtocolMismatchError(f"{path}: measurements timed under several L2 protocols ({', '.join(sorted(protocols))}) in one export")
         for l2 in protocols:
             self.check_l2(l2)
+        kinds = {"simulated" if r["env"].get("simulated") is not None else "measured" for r in records}
+        if len(kinds) > 1:
+            raise EvidenceMismatchError(f"{path}: simulated and measured rows in one export")
+        for kind in kinds:
+            self.check_evidence(kind)
         added = 0
         conn = self._conn()
-        key_cols = ("gpu", "m", "n", "k", "program_key", "status", "created_at")
+        key_cols = ("gpu", "m", "n", "k", "program_key", "status", "created_at", "time_us")
         try:
-            with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
                 for r in records:
-                    values = tuple(json.dumps(r.get("env") or {}, sort_keys=True) if c == "env" else l2_of(r) if c == "l2" else r.get(c)
-                                   for c in _COLUMNS)
-                    exists = conn.execute(
-                        f"SELECT 1 FROM measurements WHERE {' AND '.join(f'{c} IS ?' for c in key_cols)} AND time_us IS ?",
-                        tuple(r.get(c) for c in key_cols) + (r.get("time_us"),),
-                    ).fetchone()
+                    r = dict(r, l2=r["l2"] or LEGACY_L2, env=json.dumps(r["env"], sort_keys=True))
+                    exists = conn.execute(f"SELECT 1 FROM measurements WHERE {' AND '.join(f'{c} IS ?' for c in key_cols)}",
+                                          tuple(r[c] for c in key_cols)).fetchone()
                     if exists:
                         continue
-                    conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", values)
+                    conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                                 tuple(r[c] for c in _COLUMNS))
                     added += 1
-        except (sqlite3.DatabaseError, KeyError, TypeError) as exc:
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+        except (sqlite3.DatabaseError, TypeError) as exc:
             raise DatabaseError(f"{path}: bad measurement record: {exc!r}") from None
         return added
-
 
     def import_bench(self, path: str | Path) -> int:
         """Add the rows of an ``l2gen bench`` results file as measurements (policy "bench"):
@@ -491,14 +641,18 @@ class KernelDB:
         rows were added. Rows from another GPU raise GpuMismatchError; a file timed under
         another L2 protocol than the database's, or in graph or server mode (the database
         ranks events-mode speedups), raises ProtocolMismatchError."""
+        from .diagnostics import DiagnosticError
         from .protocol import Protocol, ProtocolError
+        from .schema import read_results
 
         path = Path(path)
         try:
-            doc = json.loads(path.read_text())
-            rows, gpu = doc["rows"], doc["gpu"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DatabaseError(f"{path}: not an l2gen bench results file: {exc!r}") from None
+            doc = read_results(path)
+        except DiagnosticError as exc:
+            raise DatabaseError("not an l2gen bench results file: " + "; ".join(str(d) for d in exc.diagnostics)) from None
+        rows, gpu = doc.get("rows", []), doc.get("gpu")
+        if not isinstance(gpu, str) or not gpu:
+            raise DatabaseError(f"{path}: not an l2gen bench results file: it names no 'gpu'")
         try:
             protocol = Protocol.of(doc)
         except ProtocolError as exc:
@@ -508,14 +662,18 @@ class KernelDB:
                                         "timed in events mode: bench without --mode to make rows it can take")
         self.check_gpu(gpu)
         self.check_l2(protocol.l2)
-        env = {k: doc.get(k) for k in ("device", "commit", "nvcc", "date") if doc.get(k)}
-        added = 0
-        for row in rows:
+        self.check_evidence("measured")
+        env = {k: doc.get(k) for k in ("device", "commit", "nvcc", "date") if isinstance(doc.get(k), str)}
+        programs = []
+        for i, row in enumerate(rows):  # every row read back before the first is stored
+            if not isinstance(row.get("program_text"), str):
+                raise DatabaseError(f"{path}: rows[{i}] has no program_text")
             try:
-                program = parse(row["program_text"], str(path))
-                shape = Shape(int(row["m"]), int(row["n"]), int(row["k"]))
-            except Exception as exc:  # a row this l2gen cannot read back: say which
-                raise DatabaseError(f"{path}: bad bench row {row.get('program')!r}: {exc}") from None
+                programs.append((parse(row["program_text"], f"{path}:rows[{i}].program_text"), Shape(row["m"], row["n"], row["k"])))
+            except DiagnosticError as exc:  # a row this l2gen cannot read back: say which
+                raise DatabaseError(f"{path}: rows[{i}] ({row.get('program')!r}) is not an l2gen program: {exc}") from None
+        added = 0
+        for row, (program, shape) in zip(rows, programs):
             status = row["status"] if row["status"] in ("ok", "wrong", "timeout", "build_error", "rejected") else "run_error"
             m = Measurement(shape, program, status, time_us=row.get("l2gen_us"), baseline_us=row.get("cublas_best_us"),
                             relerr=row.get("relerr"), error=row.get("error"), l2=protocol.l2)

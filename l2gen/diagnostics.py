@@ -33,5 +33,11 @@ class DiagnosticError(Exception):
         super().__init__("\n".join(str(d) for d in self.diagnostics))
 
 
+class UsageError(DiagnosticError):
+    """A request the command refuses as asked (exit 2): an option out of range, an output
+    path that cannot be written, a file that is not what the command takes, a protocol that
+    does not exist, two things measured under different protocols to be compared, ..."""
+
+
 def errors(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
     return [d for d in diagnostics if d.is_error]

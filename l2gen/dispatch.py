@@ -5,9 +5,12 @@ program the kernel database holds for the exact shape on this GPU; failing that,
 tuned for a *nearby* shape (same bucket of rounded log2 sizes; every program serves any
 M, and N and K multiples of 8); failing that, or where cuBLAS measured faster, it calls
 ``torch.matmul``. Libraries are built and loaded once per program, workspaces allocated
-once per (shape, program), so the per-call cost is a dict lookup, a few checks and the
-launch on torch's current stream (no sync and no allocation: safe inside CUDA graph
-capture once the shape has been called outside it). A call whose B has a shape (K, N) that
+once per (shape, stream) (a split-K kernel's workspace must not be shared by calls in
+flight at once), so the per-call cost is a dict lookup, a few checks and the launch on
+torch's current stream (no sync and no allocation: safe inside CUDA graph capture; a
+stream first seen while capturing gets a workspace of its own for that call, from the
+graph's pool). Only rows measured on this GPU, under the trusted protocol and with this
+process's toolchain (nvcc version) are served; simulated rows never are. A call whose B has a shape (K, N) that
 no M is served for goes to ``torch.matmul`` after one set lookup, without reading A's shape.
 
 The database is read when a dispatcher is made: if nothing in it beats cuBLAS on this GPU
@@ -57,6 +60,14 @@ MAX_RELERR = 1e-3  # the first result per shape is checked against the fallback
 TRUST_ENV = "L2GEN_TRUST_L2"  # the L2 protocol whose winners a dispatcher serves, if l2= is not given
 
 
+def own_toolchain() -> dict:
+    """What a served row must record of its toolchain: the version of the nvcc this
+    process builds with (``"none"`` without one, which no row records)."""
+    from .toolchain import found_nvcc_version
+
+    return {"nvcc": found_nvcc_version() or "none"}
+
+
 def trusted_l2(l2: str | None = None) -> str:
     """The L2 protocol a dispatcher serves winners of: ``l2``, else ``$L2GEN_TRUST_L2``,
     else :data:`~l2gen.protocol.DEFAULT_L2` (an unknown value is logged and ignored)."""
@@ -79,7 +90,11 @@ class Launcher(Protocol):
         compile-time configuration; raise on failure. Knobs are passed at launch."""
 
     def workspace(self, kernel: Any, m: int, n: int, k: int, knobs: Knobs, like: Any) -> Any:
-        """Allocate the workspace a launch with these knobs needs (None if none)."""
+        """Allocate the workspace a launch with these knobs needs (None if none), zeroed,
+        on the current stream."""
+
+    def stream(self, like: Any) -> Any:
+        """A key for the current stream (a workspace serves calls on one stream only)."""
 
     def eligible(self, a: Any, b: Any, out: Any) -> bool:
         """Whether the operands are what the kernels take (fp16, 2-D, row-major,
@@ -110,10 +125,17 @@ class Plan:
 
 @dataclass
 class _Ready:
+    """A shape's kernel, and its workspaces: one per stream, because a split-K kernel's
+    workspace must not be shared by calls in flight at once (templates/common.cuh.j2);
+    calls on one stream run one after another, so they share one."""
+
     kernel: Any
     knobs: Knobs
-    workspace: Any
+    workspaces: dict
     plan: Plan
+    m: int = 0
+    n: int = 0
+    k: int = 0
     verified: bool = False
 
 
@@ -136,7 +158,12 @@ class Dispatcher:
     device's record (None: always the fallback). ``fallback(a, b, out=None)``: the
     reference GEMM (default ``torch.matmul``). ``verify``: check each shape's first
     result against the fallback (skipped while a CUDA graph is being captured). ``l2``:
-    the L2 protocol whose winners it serves (:func:`trusted_l2`).
+    the L2 protocol whose winners it serves (:func:`trusted_l2`). ``toolchain``: the
+    environment a row must record to be served (default :func:`own_toolchain`: this
+    process's nvcc); simulated rows are never served.
+
+    Safe to call from several threads and on several streams at once: a shape's plan and
+    library are made once (under a lock), and each stream gets its own workspace.
     """
 
     def __init__(
@@ -149,9 +176,13 @@ class Dispatcher:
         verify: bool = True,
         nearby: bool = True,
         l2: str | None = None,
+        toolchain: dict | None = None,
     ):
         self.gpu = gpu
         self.l2 = trusted_l2(l2)
+        # The environment a row must have been measured in to be served (besides this GPU
+        # and protocol): measured, not simulated, with this process's nvcc.
+        self.toolchain = own_toolchain() if toolchain is None else dict(toolchain)
         self.verify = verify
         self.nearby = nearby
         self._fallback = fallback or _torch_matmul()
@@ -159,7 +190,7 @@ class Dispatcher:
         self._shapes: dict[tuple[int, int, int], Any] = {}
         self._kernels: dict[str, Any] = {}  # program key (knobs stripped) -> loaded kernel
         self._buckets: dict | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _prepare holds it while _ready makes the first workspace
         self.db: KernelDB | None = None
         if db is not None and gpu is not None:
             try:
@@ -195,8 +226,11 @@ class Dispatcher:
         """The database's bests under the trusted protocol; none from a database of another
         (said once: a warning if that is what keeps its winners from being served)."""
         timed = self.db.l2
+        if self.db.evidence == "simulated":
+            log.warning("l2gen: %s holds simulated rows (tune --simulate): it serves none of them", self.db.path)
+            return {}
         if timed is None or timed == self.l2:
-            return self.db.best_all(gpu, b_layout=BLayout.KN, l2=self.l2)
+            return self.db.best_all(gpu, b_layout=BLayout.KN, l2=self.l2, env=self.toolchain)
         winners = sum(sp > MIN_SPEEDUP for _, sp, _ in self.db.best_all(gpu, b_layout=BLayout.KN, l2=timed).values())
         say = log.warning if winners else log.info
         say("l2gen: %s was timed with l2=%s and this dispatcher trusts l2=%s: it serves none of its %d winners "
@@ -294,7 +328,8 @@ class Dispatcher:
                 return self._fallback(a, b, out=out)
         c = out if out is not None else launcher.empty(a, m, n)
         try:
-            rc = launcher.launch(state.kernel, a, b, c, m, n, k, state.knobs, state.workspace)
+            workspace = self._workspace(state, launcher, a)
+            rc = launcher.launch(state.kernel, a, b, c, m, n, k, state.knobs, workspace)
         except Exception as exc:
             return self._give_up(m, n, k, f"launch raised {exc!r}", a, b, out)
         if rc != 0:
@@ -327,19 +362,45 @@ class Dispatcher:
             return state
 
     def _ready(self, plan: Plan, m: int, n: int, k: int, like) -> _Ready:
+        from .check import check
+        from .diagnostics import errors
+
+        problems = errors(check(plan.program, self.gpu))  # a database is text from outside: checked before lowering
+        if problems:
+            raise ValueError(f"the checker rejects it: {problems[0]}")
         key = program_key(build_program(plan.program))
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self.launcher.load(plan.program, self.gpu)
             self._kernels[key] = kernel
-        knobs = plan.program.knobs
-        return _Ready(kernel, knobs, self.launcher.workspace(kernel, m, n, k, knobs, like), plan)
+        state = _Ready(kernel, plan.program.knobs, {}, plan, m, n, k)
+        self._workspace(state, self.launcher, like)  # the first stream's, before the first launch
+        return state
+
+    def _workspace(self, state: _Ready, launcher: Launcher, like) -> Any:
+        """The workspace of ``state``'s kernel for the current stream: one per stream, made
+        on a stream's first call (outside graph capture). While a CUDA graph is captured,
+        a stream with none gets one for that call alone, from the graph's memory pool, so
+        it lives as long as the graph that uses it and is never shared with another call."""
+        stream = launcher.stream(like)
+        ws = state.workspaces.get(stream)
+        if ws is not None:
+            return ws
+        if launcher.capturing():
+            return launcher.workspace(state.kernel, state.m, state.n, state.k, state.knobs, like)
+        with self._lock:
+            ws = state.workspaces.get(stream)
+            if ws is None:
+                ws = launcher.workspace(state.kernel, state.m, state.n, state.k, state.knobs, like)
+                state.workspaces[stream] = ws
+        return ws
 
     def _give_up(self, m: int, n: int, k: int, why: str, a, b, out):
-        state = self._shapes.get((m, n, k))
+        with self._lock:
+            state = self._shapes.get((m, n, k))
+            self._shapes[(m, n, k)] = _FALLBACK
         name = state.plan.program.name if isinstance(state, _Ready) else "?"
         log.warning("l2gen: %dx%dx%d: %s: %s; using the fallback for this shape from now on", m, n, k, name, why)
-        self._shapes[(m, n, k)] = _FALLBACK
         if a is None:
             return None
         return self._fallback(a, b, out=out)
@@ -401,9 +462,13 @@ class TorchLauncher:
         nbytes = kernel.workspace_size(m, n, k, knobs)
         if nbytes == 0:
             return (None, 0)
-        # Zeroed once: a kernel that counts arrivals in its workspace leaves it zeroed again
-        # (templates/common.cuh.j2), so it is never cleared per call.
+        # Zeroed once, on the stream that will use it: a kernel that counts arrivals in its
+        # workspace leaves it zeroed again (templates/common.cuh.j2), so it is never cleared
+        # per call.
         return (self.torch.zeros(nbytes, dtype=self.torch.uint8, device=like.device), nbytes)
+
+    def stream(self, like) -> int:
+        return self.torch.cuda.current_stream(like.device).cuda_stream
 
     def eligible(self, a, b, out) -> bool:
         f16 = self.torch.float16

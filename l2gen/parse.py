@@ -145,6 +145,9 @@ def _family_words(family: Family) -> str:
     return family.arch if family is not Family.SM90_L2GEN else f"{family.arch} impl {family.impl}"
 
 
+MAX_DIGITS = 9  # the longest number a decision takes (sizes and counts fit in 32 bits)
+
+
 class _Builder:
     """Walks the parse tree and assembles a Program, collecting diagnostics."""
 
@@ -258,6 +261,9 @@ class _Builder:
                     )
                 )
                 return None
+            if get.get("stages") == 0:  # 0 is how the record says auto; the text must say it
+                self.diags.append(Diagnostic("E-RANGE", "stages 0 is not a stage count: give 2 or more, or 'auto'", spans["stages"]))
+                return None
             config = Sm90Config(
                 tile=get["tile"],
                 **given(
@@ -287,6 +293,11 @@ class _Builder:
 
     def _value(self, decision: str, node: lark.Tree):
         toks = [t for t in node.children if isinstance(t, lark.Token)]
+        for t in toks:  # no decision takes a number this long (and int() refuses past 4300 digits)
+            if t.type in ("INT", "STAGES") and len(t) > MAX_DIGITS:
+                self.diags.append(Diagnostic("E-RANGE", f"'{_words(decision)}' takes a number of at most {MAX_DIGITS} digits, "
+                                             f"not one of {len(t)}", _span(self.file, t)))
+                return "auto" if decision == "stages" else 0
         if decision in ("arch", "impl"):
             return str(toks[0])
         if decision == "tile":

@@ -12,6 +12,9 @@ from ..ir import Program
 from ..protocol import DEFAULT_L2
 
 
+MAX_DIM = 2**31 - 1  # the kernels take M, N, K and leading dimensions as 32-bit ints
+
+
 @dataclass(frozen=True, order=True)
 class Shape:
     m: int
@@ -27,9 +30,13 @@ class Shape:
         parts = text.lower().replace("*", "x").split("x")
         if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
             raise ValueError(f"shape '{text}' is not of the form MxNxK (e.g. 128x4096x4096)")
+        if any(len(p.strip()) > 10 for p in parts):
+            raise ValueError(f"shape '{text[:80]}': a dimension is out of range 1..{MAX_DIM}")
         m, n, k = (int(p) for p in parts)
         if min(m, n, k) <= 0:
             raise ValueError(f"shape '{text}' has a non-positive dimension")
+        if max(m, n, k) > MAX_DIM:
+            raise ValueError(f"shape '{text}': a dimension is out of range 1..{MAX_DIM}")
         return cls(m, n, k)
 
 

@@ -78,6 +78,14 @@ class LLMError(RuntimeError):
     """The LLM server cannot serve this search (bad key, unknown model, keeps failing)."""
 
 
+class _Unanswered(Exception):
+    """A request that got no answer after every retry (not a proposal, not a rejection)."""
+
+    def __init__(self, diagnostic):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+
+
 @dataclass(frozen=True)
 class LLMConfig:
     """Where the model is and how much of it a search may use.
@@ -215,15 +223,20 @@ class LLMPolicy:
         for m in history:
             self._remember(m.shape, m, overwrite=False)
         out: list[Proposal] = []
+        unanswered: Diagnostic | None = None
         for _ in range(n):
             if self.exhausted(shape):
                 break
             try:
                 out.append(self._propose_one(shape, out))
+            except _Unanswered as exc:  # no answer is not a rejected program: nothing to record
+                unanswered = exc.diagnostic
             except LLMError:
                 if not out:
                     raise
                 break  # hand over what this round got; the next call raises
+        if not out and unanswered is not None:  # a round with no answer at all: the server is not serving
+            self._fail(f"no answer from the LLM server at {self.config.base_url} for {shape}: {unanswered.message}")
         return out
 
     def update(self, shape: Shape, results: Sequence[tuple[Proposal, Measurement]]) -> None:
@@ -255,7 +268,7 @@ class LLMPolicy:
         examples = self._examples(shape)
         answer, failure = self._ask(shape, task_prompt(shape, self.gpu, examples, proposed))
         if failure:
-            return self._rejected(shape, None, [failure], "", None)
+            raise _Unanswered(failure)
         program, diags = read_answer(answer.text, self.gpu)
         first = diags
         repeat = not diags and program_key(program) in seen

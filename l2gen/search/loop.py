@@ -30,9 +30,13 @@ from .base import (
 )
 from .evaluate import Evaluator, unserved
 
-__all__ = ["REWARD_FAILED", "REWARD_REJECTED", "reward", "tune", "ShapeResult", "TuneSummary"]
+__all__ = ["REWARD_FAILED", "REWARD_REJECTED", "reward", "tune", "ShapeResult", "TuneError", "TuneSummary"]
 
 MAX_STALLS = 3  # batches in a row with nothing new to measure before a shape gives up
+
+
+class TuneError(RuntimeError):
+    """The loop cannot go on (the evaluator broke); everything measured so far is stored."""
 
 
 @dataclass
@@ -47,6 +51,7 @@ class ShapeResult:
     curve: list[float] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     resumed: int = 0  # measurements loaded from the database at the start
+    dropped: int = 0  # measured here but already stored by another run on the database
     note: str = ""
 
     @property
@@ -144,6 +149,9 @@ def tune(
     db.check_gpu(gpu)
     l2 = getattr(evaluator, "l2", DEFAULT_L2)
     db.check_l2(l2)
+    check_evidence = getattr(db, "check_evidence", None)
+    if check_evidence is not None:  # simulated rows never share a database with measured ones
+        check_evidence("simulated" if getattr(evaluator, "simulated", False) else "measured")
     prime = getattr(policy, "prime", None)
     if prime is not None:  # a policy that transfers between shapes starts from the database's bests
         prime(db.best_all(gpu, l2=l2))
@@ -207,6 +215,16 @@ class _ShapeRun:
         self.budget, self.batch, self.gpu, self.env = budget, batch, gpu, env
         self.say, self.start, self.lock, self.stop = say, start, lock, stop
 
+    def _store(self, m: Measurement) -> bool:
+        """Persist one measurement; False if the database already had it (or the shape's
+        budget was filled) by another run on it. Plain ``add`` for a database without
+        ``add_new`` (a test double)."""
+        add_new = getattr(self.db, "add_new", None)
+        if add_new is None:
+            self.db.add(m, self.gpu, self.policy.name, self.env)
+            return True
+        return add_new(m, self.gpu, self.policy.name, self.env, budget=self.budget) is not None
+
     def __call__(self, shape: Shape, result: ShapeResult) -> None:
         policy, db, gpu, batch, budget, say, lock = self.policy, self.db, self.gpu, self.batch, self.budget, self.say, self.lock
         if self.stop.is_set():
@@ -254,20 +272,34 @@ class _ShapeRun:
                     if i in landed:
                         return
                     m = replace(m, l2=self.l2)  # what this run timed it under (or would have)
-                    db.add(m, gpu, policy.name, self.env)
                     landed[i] = m
-                    history.append(m)
-                    result.record(m)
+                    if self._store(m):
+                        history.append(m)
+                        result.record(m)
+                    else:  # another run on this database measured it (or filled the budget) first
+                        result.dropped += 1
 
             diagnosed = [i for i, p in enumerate(fresh) if p.meta.get("rejected")]
             for i in diagnosed:
                 text = "\n".join(fresh[i].meta.get("diagnostics") or [fresh[i].note or "rejected by the policy"])
                 land(i, Measurement(shape, fresh[i].program, "rejected", error=text))
             pending = [i for i in range(len(fresh)) if i not in landed]
-            measured = self.evaluator.evaluate(shape, [fresh[i] for i in pending], lambda j, m: land(pending[j], m))
+            try:
+                measured = self.evaluator.evaluate(shape, [fresh[i] for i in pending], lambda j, m: land(pending[j], m))
+            except Exception as exc:  # the evaluator itself broke (not a candidate): stop, keep what landed
+                from ..db import DatabaseError
+
+                if isinstance(exc, (DatabaseError, TuneError)):  # a database error from land(): as it is
+                    raise
+                raise TuneError(f"{shape}: measuring a batch failed ({type(exc).__name__}: {exc}); the {len(landed)} "
+                                f"result(s) of this batch that landed and every measurement before are in "
+                                f"{getattr(db, 'path', 'the database')}: run the same command again to resume") from exc
             for j, m in enumerate(measured):
                 land(pending[j], m)
             with lock:
                 policy.update(shape, [(fresh[i], landed[i]) for i in range(len(fresh))])
+                if result.dropped:  # another run is tuning this shape too: go on from what is stored
+                    history = list(db.history(gpu, shape, l2=self.l2))
+                    seen |= {program_key(m.program) for m in history}
             best = f"{result.best_speedup:.3f}x" if result.best_speedup else "-"
             say(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  best {best:>7}  {_counts(result.counts)}  ({time.monotonic() - self.start:.1f} s)")

@@ -303,6 +303,7 @@ class SimulatedEvaluator:
         self.build_fail = build_fail
         self.run_fail = run_fail
         self.salt = salt
+        self.simulated = True  # its rows go to a database of simulated rows only (KernelDB.check_evidence)
         self.env = {"simulated": "analytic model of " + gpu.name + " (l2gen.search.simulate), not a measurement"}
         self.calls = 0  # measured (non-rejected) candidates, for tests and progress
 

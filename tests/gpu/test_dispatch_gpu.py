@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from l2gen.check import is_valid  # noqa: E402
 from l2gen.db import KernelDB  # noqa: E402
-from l2gen.dispatch import Dispatcher, TorchLauncher, detect_gpu  # noqa: E402
+from l2gen.dispatch import Dispatcher, TorchLauncher, detect_gpu, own_toolchain  # noqa: E402
 from l2gen.ir import Family, SplitK  # noqa: E402
 from l2gen.search.base import Measurement, Shape  # noqa: E402
 from l2gen.space import assemble  # noqa: E402
@@ -80,7 +80,7 @@ def test_dispatch_matches_torch(gpu, launcher, db, m, n, k, which, give_out):
     program = options[which % len(options)]
     shape = Shape(m, n, k)
     # Pretend it won on this shape, so the dispatcher serves it (and only it) here.
-    db.add(Measurement(shape, program, "ok", time_us=1.0, baseline_us=2.0, relerr=0.0), gpu, "test")
+    db.add(Measurement(shape, program, "ok", time_us=1.0, baseline_us=2.0, relerr=0.0), gpu, "test", own_toolchain())
     d = Dispatcher(db, gpu, launcher=launcher, verify=False)  # no safety net: test the kernel
     g = torch.Generator(device="cuda").manual_seed(m * 131 + n * 7 + k)
     a = torch.randn((m, k), device="cuda", dtype=torch.float16, generator=g)
@@ -108,7 +108,7 @@ def test_unserved_shapes_fall_back(gpu, launcher, db):
 def test_dispatch_inside_cuda_graph(gpu, launcher, db):
     m, n, k = 256, 512, 1024
     program = programs(gpu)[0]
-    db.add(Measurement(Shape(m, n, k), program, "ok", time_us=1.0, baseline_us=2.0, relerr=0.0), gpu, "test")
+    db.add(Measurement(Shape(m, n, k), program, "ok", time_us=1.0, baseline_us=2.0, relerr=0.0), gpu, "test", own_toolchain())
     d = Dispatcher(db, gpu, launcher=launcher)
     a = torch.randn((m, k), device="cuda", dtype=torch.float16)
     b = torch.randn((k, n), device="cuda", dtype=torch.float16)

@@ -31,7 +31,7 @@ from l2gen.toolchain import ToolchainError, detect_toolchain
 
 # Stands in for nvcc: reports a version, logs each compile, and acts on markers in the
 # source: FAKE_FAIL fails like a compile error, FAKE_HANG hangs (with a child process),
-# FAKE_SLOW takes half a second. The library it writes is a copy of the source.
+# FAKE_SLOW takes half a second, FAKE_KILLED is killed (SIGKILL) half way through. The library it writes is a copy of the source.
 FAKE_NVCC = """#!{python}
 import os, subprocess, sys, time
 args = sys.argv[1:]
@@ -49,6 +49,9 @@ if "FAKE_HANG" in code:
     time.sleep(60)
 if "FAKE_SLOW" in code:
     time.sleep(0.5)
+if "FAKE_KILLED" in code:  # killed mid-build, as by the OOM killer, with half a library written
+    open(out, "w").write(code[: len(code) // 2])
+    os.kill(os.getpid(), 9)
 if "FAKE_FAIL" in code:
     print("kernel.cu(3): warning: something harmless")
     print('kernel.cu(7): error: identifier "FAKE_FAIL" is undefined', file=sys.stderr)

@@ -100,9 +100,9 @@ def test_tune_bad_input_is_a_clear_error(tmp_path, capsys):
     empty = write(tmp_path, "empty.json", json.dumps({"shapes": []}))
     assert main(["tune", "--suite", empty, "--simulate", "--db", str(tmp_path / "k.db")]) == 1
     assert "E-SUITE" in capsys.readouterr().err
-    assert main(["tune", "--shape", "64x64x64", "--budget", "0", "--simulate"]) == 1
-    assert "E-BUDGET" in capsys.readouterr().err
-    assert main(["tune", "--shape", "64x64", "--simulate"]) == 1
+    assert main(["tune", "--shape", "64x64x64", "--budget", "0", "--simulate"]) == 2  # an argument out of range
+    assert "--budget: must be at least 1" in capsys.readouterr().err
+    assert main(["tune", "--shape", "64x64", "--simulate"]) == 2
     assert "E-SHAPE" in capsys.readouterr().err
     garbage = write(tmp_path, "bad.db", "this is not sqlite" * 100)
     assert main(["tune", "--shape", "64x64x64", "--simulate", "--db", garbage]) == 1
@@ -350,3 +350,31 @@ def test_the_shipped_suites_load():
     public = set(load_suite(str(root / "public.json")))
     modes = load_suite(str(root / "modes.json"))
     assert len(modes) == 5 and set(modes) <= public and suite_layout(str(root / "public.json")) is None
+
+
+def test_a_simulated_tune_has_a_database_of_its_own_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "--simulate", "--budget", "2", "--shape", "64x4096x4096"]) == 0
+    assert (tmp_path / "l2gen-kernels-simulated.db").is_file() and not (tmp_path / "l2gen-kernels.db").exists()
+    # and the database of measured rows refuses simulated ones (exit 2, nothing added)
+    from l2gen.db import KernelDB
+    from l2gen.ir import Family
+    from l2gen.search.base import Measurement, Shape
+    from l2gen.space import assemble
+
+    with KernelDB(tmp_path / "real.db") as db:
+        db.add(Measurement(Shape(64, 64, 64), assemble(Family.SM90, dict(bm=128, bn=128, bk=64)), "ok", time_us=1.0, baseline_us=2.0), "h200")
+    capsys.readouterr()
+    assert main(["tune", "--simulate", "--budget", "2", "--shape", "64x4096x4096", "--db", str(tmp_path / "real.db")]) == 2
+    assert "separate databases" in capsys.readouterr().err
+    with KernelDB(tmp_path / "real.db") as db:
+        assert db.count() == 1
+
+
+def test_fmt_w_refuses_to_drop_an_inline_comment(tmp_path, capsys):
+    path = tmp_path / "k.l2"
+    text = "kernel k {\n    arch sm80\n    tile 64 x 128 x 64   # why this tile\n}\n"
+    path.write_text(text)
+    assert main(["fmt", "-w", str(path)]) == 1
+    assert f"{path}:3:26: E-FMT" in capsys.readouterr().err
+    assert path.read_text() == text

@@ -82,7 +82,7 @@ def test_meta_records_schema_and_gpu(db):
     conn = sqlite3.connect(db.path)
     meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     conn.close()
-    assert meta == {"schema_version": str(SCHEMA_VERSION), "gpu": "h200", "l2": "clean"}
+    assert meta == {"schema_version": str(SCHEMA_VERSION), "format": "l2gen-kernel-db", "gpu": "h200", "l2": "clean"}
     assert db.gpu == "h200" and db.l2 == "clean"
 
 
@@ -327,3 +327,75 @@ def test_export_import_keep_the_protocol(tmp_path):
     with KernelDB(tmp_path / "e.db") as mixed, pytest.raises(ProtocolMismatchError, match="several L2 protocols"):
         mixed.import_json(tmp_path / "mixed.json")
     src.close()
+
+
+def test_add_new_from_two_connections_at_once_stores_each_program_once_and_keeps_the_budget(tmp_path):
+    """Two tunes on one file, as two KernelDB objects racing from threads: each program is
+    stored once per shape, and the shape never goes past its budget."""
+    import threading
+
+    from l2gen.space import assemble
+    from l2gen.ir import Family
+
+    path = tmp_path / "k.db"
+    KernelDB(path).close()
+    programs = [assemble(Family.SM90, dict(bm=128, bn=bn, bk=64)) for bn in (64, 128, 256)] * 4  # 3 distinct, 12 tries
+    shape = Shape(64, 4096, 4096)
+    stored = []
+    go = threading.Barrier(2)
+
+    def run():
+        with KernelDB(path) as db:
+            go.wait()
+            for p in programs:
+                row = db.add_new(Measurement(shape, p, "ok", time_us=9.0, baseline_us=10.0), "h200", "tune", {}, budget=2)
+                if row is not None:
+                    stored.append(row)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with KernelDB(path) as db:
+        assert db.count() == 2 == len(stored)
+        keys = [r[0] for r in db._query("SELECT program_key FROM measurements")]
+        assert len(set(keys)) == 2
+
+
+def test_a_foreign_sqlite_file_with_a_meta_table_is_left_byte_for_byte(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE meta (key, value)")
+    conn.execute("CREATE TABLE users (name)")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(DatabaseError, match="not an l2gen kernel database"):
+        KernelDB(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+@pytest.mark.parametrize("name", ["a?b.db", "a#b.db", "a%20b.db", "a?mode=rw.db"])
+def test_database_names_with_uri_characters_open_read_only_and_leave_no_stray_file(tmp_path, name):
+    with KernelDB(tmp_path / name) as db:
+        db.check_gpu("h200")
+    with KernelDB(tmp_path / name, readonly=True) as db:
+        assert db.gpu == "h200"
+    assert {p.name for p in tmp_path.iterdir()} <= {name, name + "-wal", name + "-shm"}
+
+
+def test_simulated_and_measured_rows_never_share_a_database(tmp_path):
+    from l2gen.db import EvidenceMismatchError
+
+    with KernelDB(tmp_path / "sim.db") as db:
+        db.check_evidence("simulated")
+        with pytest.raises(EvidenceMismatchError, match="separate databases"):
+            db.check_evidence("measured")
+    with KernelDB(tmp_path / "real.db") as db:
+        db.add(Measurement(Shape(64, 64, 64), assemble(Family.SM90, dict(bm=128, bn=128, bk=64)), "ok", time_us=1.0, baseline_us=2.0), "h200")
+        with pytest.raises(EvidenceMismatchError):
+            db.check_evidence("simulated")

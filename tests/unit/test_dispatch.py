@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -26,6 +27,9 @@ def numpy_matmul(a, b, out=None):
     return out
 
 
+STREAM = threading.local()
+
+
 class FakeLauncher:
     """Runs the GEMM with numpy; can fail to load, return an error code, or be wrong."""
 
@@ -44,6 +48,9 @@ class FakeLauncher:
     def workspace(self, kernel, m, n, k, knobs, like):
         self.workspaces.append((m, n, k, knobs))
         return bytearray(16)
+
+    def stream(self, like):
+        return getattr(STREAM, "id", 0)  # a test thread sets STREAM.id to play a CUDA stream
 
     def eligible(self, a, b, out):
         ok = a.dtype == np.float16 and b.dtype == np.float16 and a.flags.c_contiguous and b.flags.c_contiguous
@@ -94,7 +101,7 @@ def arrays(m, n, k, seed=0):
 
 
 def make(db, launcher, **kw):
-    return Dispatcher(db, H200, launcher=launcher, fallback=numpy_matmul, **kw)
+    return Dispatcher(db, H200, launcher=launcher, fallback=numpy_matmul, toolchain={}, **kw)
 
 
 def test_exact_shape_is_served_by_its_best_program(db):
@@ -187,17 +194,17 @@ def test_ineligible_operands_use_the_fallback(db):
 
 def test_no_db_or_other_gpu_means_fallback(db, tmp_path):
     fake = FakeLauncher()
-    d = Dispatcher(None, H200, launcher=fake, fallback=numpy_matmul)
+    d = Dispatcher(None, H200, launcher=fake, fallback=numpy_matmul, toolchain={})
     a, b = arrays(64, 256, 512)
     assert np.array_equal(d(a, b), numpy_matmul(a, b)) and fake.loads == []
-    d = Dispatcher(db, None, launcher=fake, fallback=numpy_matmul)
+    d = Dispatcher(db, None, launcher=fake, fallback=numpy_matmul, toolchain={})
     assert d.plan(64, 256, 512) is None
     with pytest.warns(UserWarning, match="not a100"):
-        d = Dispatcher(db, A100, launcher=fake, fallback=numpy_matmul)
+        d = Dispatcher(db, A100, launcher=fake, fallback=numpy_matmul, toolchain={})
     assert d.plan(64, 256, 512) is None
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"\x00garbage" * 100)
-    d = Dispatcher(garbage, H200, launcher=fake, fallback=numpy_matmul)
+    d = Dispatcher(garbage, H200, launcher=fake, fallback=numpy_matmul, toolchain={})
     assert d.db is None and np.array_equal(d(a, b), numpy_matmul(a, b))
 
 
@@ -211,6 +218,7 @@ def test_default_db_path(monkeypatch, tmp_path):
 
 def test_module_matmul_caches_a_dispatcher_per_db(db, monkeypatch):
     monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "own_toolchain", lambda: {})  # the rows here record no nvcc
     monkeypatch.setattr(dispatch, "_dispatchers", {})
     fake = FakeLauncher()
     monkeypatch.setattr(dispatch, "TorchLauncher", lambda: fake)
@@ -224,6 +232,7 @@ def test_module_matmul_caches_a_dispatcher_per_db(db, monkeypatch):
 
 def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
     monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "own_toolchain", lambda: {})  # the rows here record no nvcc
     monkeypatch.setattr(dispatch, "_dispatchers", {})
     monkeypatch.setattr(dispatch, "_default_entry", None)
     fake = FakeLauncher()
@@ -241,6 +250,7 @@ def test_an_idle_default_dispatcher_hands_l2gen_matmul_the_fallback_itself(tmp_p
     slow.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=12.0, baseline_us=10.0), H200)
     slow.close()
     monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "own_toolchain", lambda: {})  # the rows here record no nvcc
     monkeypatch.setattr(dispatch, "_dispatchers", {})
     monkeypatch.setattr(dispatch, "_default_entry", None)
     monkeypatch.setattr(dispatch, "_torch_matmul", lambda: numpy_matmul)
@@ -312,7 +322,7 @@ def test_a_b_shape_that_serves_no_m_is_rejected_without_reading_a(db):
         seen.append(out)
         return numpy_matmul(getattr(a, "array", a), b, out=out)
 
-    d = Dispatcher(db, H200, launcher=fake, fallback=fallback)
+    d = Dispatcher(db, H200, launcher=fake, fallback=fallback, toolchain={})
     a, b = arrays(64, 128, 128)  # B 128 x 128: only 128^3 was measured, and cuBLAS won
     assert np.array_equal(d(a, b), numpy_matmul(a, b))
     assert (128, 128) in d._unserved_kn and d.served_by(64, 128, 128) == "fallback"
@@ -459,3 +469,72 @@ def test_the_shipped_database_was_timed_dirty_and_serves_nothing_by_default(monk
     assert d.db.l2 == "dirty" and d._idle
     assert "serves none of its 0 winners" in caplog.text  # it had none: said at INFO, not as a warning
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_each_stream_gets_its_own_workspace_and_keeps_it(db):
+    """A split-K kernel's workspace must not serve two calls in flight at once: calls on
+    four streams (four threads) get four workspaces; calls on one stream share one."""
+    seen: dict = {}
+
+    class Tracking(FakeLauncher):
+        def launch(self, kernel, a, b, out, m, n, k, knobs, workspace):
+            seen.setdefault(self.stream(a), set()).add(id(workspace))
+            return super().launch(kernel, a, b, out, m, n, k, knobs, workspace)
+
+    fake = Tracking()
+    d = make(db, fake)
+    a, b = arrays(64, 256, 512)
+    go = threading.Barrier(4)
+
+    def work(stream_id):
+        STREAM.id = stream_id
+        go.wait()
+        for _ in range(20):
+            assert np.array_equal(d(a, b), numpy_matmul(a, b))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {s: len(ids) for s, ids in seen.items()} == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert len({i for ids in seen.values() for i in ids}) == 4  # four distinct workspaces
+    assert len(fake.loads) == 1 and len(fake.workspaces) == 4
+
+
+def test_a_stream_first_seen_while_capturing_gets_a_workspace_for_that_call_only(db):
+    class Capturing(FakeLauncher):
+        capture = False
+
+        def capturing(self):
+            return self.capture
+
+    fake = Capturing()
+    d = make(db, fake)
+    a, b = arrays(64, 256, 512)
+    d(a, b)  # outside capture: stream 0's workspace
+    fake.capture, STREAM.id = True, 7
+    try:
+        d(a, b)
+        d(a, b)
+    finally:
+        STREAM.id = 0
+    assert len(fake.workspaces) == 3  # one per captured call, none kept for stream 7
+    assert set(d._shapes[(64, 256, 512)].workspaces) == {0}
+
+
+def test_only_rows_of_this_toolchain_and_never_simulated_ones_are_served(tmp_path):
+    winner = Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=8.0, baseline_us=10.0)
+    with KernelDB(tmp_path / "other.db") as other:
+        other.add(winner, H200, "tune", {"nvcc": "12.4.131"})
+        d = Dispatcher(other, H200, launcher=FakeLauncher(), fallback=numpy_matmul, toolchain={"nvcc": "13.0.88"})
+        assert d.plan(64, 256, 512) is None  # measured with another nvcc
+        d = Dispatcher(other, H200, launcher=FakeLauncher(), fallback=numpy_matmul, toolchain={"nvcc": "12.4.131"})
+        assert d.plan(64, 256, 512) is not None
+    with KernelDB(tmp_path / "sim.db") as sim:
+        sim.check_evidence("simulated")
+        sim.add(winner, H200, "tune", {"simulated": "analytic model", "nvcc": "13.0.88"})
+        d = Dispatcher(sim, H200, launcher=FakeLauncher(), fallback=numpy_matmul, toolchain={"nvcc": "13.0.88"})
+        assert d.plan(64, 256, 512) is None and d.entry is d._fallback
+        d = Dispatcher(sim, H200, launcher=FakeLauncher(), fallback=numpy_matmul, toolchain={})
+        assert d.plan(64, 256, 512) is None  # simulated rows are never served, whatever the toolchain

@@ -12,7 +12,7 @@ import collections
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -398,21 +398,23 @@ def test_slow_answer_times_out_and_is_retried(server):
 def test_server_errors_exhaust_retries_then_raise(server):
     server.default = error(500, "upstream exploded")
     policy = make(server, max_retries=1, max_failures=2)
-    (p,) = policy.propose(SHAPE, [], 1)  # first failure: a rejected proposal, not an error
-    assert p.meta["rejected"] and "E-LLM" in p.meta["diagnostics"][0]
-    assert "upstream exploded" in p.meta["diagnostics"][0]
-    assert policy.stats.total.retries == 1 and policy.stats.total.failures == 1
-    with pytest.raises(LLMError, match="2 requests in a row"):
+    # A round with no answer at all is an error, not a rejected program (nothing to record).
+    with pytest.raises(LLMError, match="upstream exploded"):
         policy.propose(SHAPE, [], 1)
-    assert len(server.requests) == 4
+    assert policy.stats.total.retries == 1 and policy.stats.total.failures == 1
+    with pytest.raises(LLMError):  # later calls fail at once, without a request
+        policy.propose(SHAPE, [], 1)
+    assert len(server.requests) == 2
 
 
 def test_failures_in_a_row_reset_on_success(server):
     server.add(error(503), error(503), answer(VALID_SM80), error(503), error(503))
     policy = make(server, max_retries=1, max_failures=2, repair=False)
-    first, second, third = policy.propose(SHAPE, [], 3)
-    assert first.meta["rejected"] and not second.meta.get("rejected")
-    assert third.meta["rejected"]  # one failure in a row again, not two
+    # The unanswered requests are left out (not rejected programs); the answer is kept,
+    # and the failure after it is one in a row again, not two.
+    (only,) = policy.propose(SHAPE, [], 3)
+    assert not only.meta.get("rejected")
+    assert policy.stats.total.failures == 2
 
 
 def test_bad_key_raises_once_clearly(server):
@@ -592,3 +594,36 @@ def test_fatal_error_mid_round_keeps_the_proposals_already_made(server):
     with pytest.raises(LLMError, match="key revoked"):
         policy.propose(SHAPE, [], 1)
     assert len(server.requests) == 2
+
+
+def test_an_unreachable_server_stops_the_tune_and_records_nothing(server, tmp_path):
+    """No answer is not a rejected program: the shape must not end up 'done' with rows
+    that say the programs were bad, and the tune must end in an error."""
+    from l2gen.db import KernelDB
+    from l2gen.search.loop import tune
+    from l2gen.search.simulate import SimulatedEvaluator
+
+    server.default = error(503, "the server is down")
+    policy = make(server, max_retries=0, max_failures=3)
+    with KernelDB(tmp_path / "k.db") as db:
+        with pytest.raises(LLMError, match="no answer from the LLM server"):
+            tune([SHAPE], policy, SimulatedEvaluator(H200), db, budget=2, batch=2, gpu=H200, progress=False)
+        assert db.count() == 0 and db.history(H200, SHAPE) == []
+
+
+def test_the_cli_says_so_and_exits_1_when_the_server_is_unreachable(tmp_path, monkeypatch, capsys):
+    from l2gen.cli import main
+    from l2gen.search import llm
+
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    monkeypatch.setenv("L2GEN_LLM_MODEL", "m")
+    real = llm.LLMConfig.from_env
+    monkeypatch.setattr(llm.LLMConfig, "from_env", classmethod(lambda cls, env=None, **kw: replace(real(env, **kw), max_retries=0, timeout_s=1.0)))
+    db = tmp_path / "k.db"
+    rc = main(["tune", "--simulate", "--policy", "llm", "--llm-base-url", "http://127.0.0.1:9/v1", "--budget", "2",
+               "--shape", "64x4096x4096", "--db", str(db)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "the LLM policy stopped" in err and "Traceback" not in err
+    import sqlite3
+
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM measurements").fetchone()[0] == 0

@@ -585,7 +585,8 @@ def test_tune_primes_the_embedded_policy_with_the_databases_bests(tmp_path):
             return super().evaluate(shape, proposals, on_result)
 
     with KernelDB(tmp_path / "k.db") as db:
-        db.add(Measurement(Shape(4096, 4096, 4096), known, "ok", time_us=100.0, baseline_us=105.0), H200, "bench")
+        db.add(Measurement(Shape(4096, 4096, 4096), known, "ok", time_us=100.0, baseline_us=105.0), H200, "bench",
+               {"simulated": "a row of a simulated database"})
         tune([Shape(4096, 4096, 2048)], EmbeddedPolicy(H200, seed=0), Recording(H200), db, budget=4, batch=4, gpu=H200, progress=False)
     first = [(program, note) for shape, program, note in seen[:4]]
     assert (known, "best of 4096x4096x4096") in first
