@@ -44,7 +44,7 @@ from l2gen.bench import git_commit, write_results  # noqa: E402
 from l2gen.lower import KernelSource, lower  # noqa: E402
 from l2gen.parse import parse, parse_file  # noqa: E402
 from l2gen.printer import format_program  # noqa: E402
-from l2gen.search.evaluate import build_program  # noqa: E402
+from l2gen.lower import build_program  # noqa: E402
 from l2gen.targets import get_gpu  # noqa: E402
 from l2gen.toolchain import ToolchainError, detect_toolchain  # noqa: E402
 

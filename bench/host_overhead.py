@@ -50,7 +50,7 @@ def winner_dispatcher(folder: Path) -> dispatch.Dispatcher:
     """A dispatcher over a database with one winner (64x256x512), made l2gen.matmul's default."""
     from l2gen.db import KernelDB
     from l2gen.ir import Family
-    from l2gen.search.base import Measurement, Shape
+    from l2gen.problem import Measurement, Shape
     from l2gen.space import assemble
     from l2gen.targets import GPUS
 

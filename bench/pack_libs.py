@@ -18,7 +18,7 @@ from pathlib import Path
 from l2gen.build import cache_dir, cache_entry
 from l2gen.db import KernelDB
 from l2gen.lower import lower
-from l2gen.search.evaluate import build_program
+from l2gen.lower import build_program
 from l2gen.targets import get_gpu
 
 

@@ -21,7 +21,7 @@ from l2gen.ir import Knobs
 from l2gen.lower import lower
 from l2gen.parse import parse_file
 from l2gen.runtime import Library
-from l2gen.search.evaluate import build_program
+from l2gen.lower import build_program
 from l2gen.targets import GPUS
 
 

@@ -61,12 +61,12 @@ from typing import Callable, Collection, Mapping, Sequence
 
 from .baselines import BASELINES, ShimError, build_shim, cublas_best, result_key
 from .ir import Program
+from .lower import build_program
 from .modes import GRAPH_REPLAYS, graph_calls_for
 from .printer import format_program
 from .probes import build_probes
+from .problem import Shape
 from .protocol import Floors, Protocol
-from .search.base import Shape
-from .search.evaluate import build_program
 from .targets import Gpu
 from .timing import DEFAULT_ROUNDS
 from .toolchain import found_nvcc_version
@@ -157,7 +157,7 @@ def bench(
     the results (the file's content). Raises :class:`l2gen.probes.ProbeError` if the timing
     probes cannot be built: nothing can be timed without them.
 
-    Each program is built from :func:`~l2gen.search.evaluate.build_program` (its knobs at
+    Each program is built from :func:`~l2gen.lower.build_program` (its knobs at
     their defaults) and launched with its own knobs, so knob variants share one library,
     the same one ``l2gen tune`` built. ``only`` maps a shape to the names of the programs
     to run on it (all of them for a shape it does not name)."""

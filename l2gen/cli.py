@@ -159,8 +159,7 @@ def recorded_best(args, l2: str | None = None) -> dict:
 
 def cmd_build(args) -> int:
     from .build import build_many
-    from .lower import lower
-    from .search.evaluate import build_program
+    from .lower import build_program, lower
 
     from .check import check
 

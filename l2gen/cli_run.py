@@ -16,7 +16,7 @@ from .validate import at_least, dimension, output_file, positive_float, write_at
 
 def load_suite(path: str) -> list:
     """Shapes from a suite file: ``{"shapes": [{"m":.., "n":.., "k":..}, ...]}``."""
-    from .search.base import Shape
+    from .problem import Shape
 
     where = Span(path)
     try:
@@ -85,7 +85,7 @@ def _protocol(args):
 
 
 def _shapes(args) -> list:
-    from .search.base import Shape
+    from .problem import Shape
 
     shapes = []
     for text in args.shape or ():

@@ -67,7 +67,7 @@ def _evaluator(args):
 
 def cmd_tune(args, shapes_of) -> int:
     from .db import DEFAULT_DB, SIMULATED_DB, DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
-    from .search.evaluate import unserved
+    from .problem import unserved
     from .search.loop import TuneError, tune
 
     shapes = shapes_of(args)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .protocol import Protocol, require_comparable
-from .search.base import Shape, program_key
+from .problem import Shape, program_key
 
 DEFAULT_TOLERANCE = 0.03
 

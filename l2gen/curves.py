@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .search.base import Shape
+from .problem import Shape
 from .targets import Gpu
 
 

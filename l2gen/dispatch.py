@@ -44,8 +44,7 @@ from typing import Any, Callable, Protocol
 from .db import DatabaseError, KernelDB
 from .ir import BLayout, Knobs, Program
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
-from .search.base import Shape, program_key
-from .search.evaluate import build_program, unserved
+from .problem import Shape, program_key, unserved
 from .targets import GPUS, Gpu
 
 log = logging.getLogger("l2gen.dispatch")
@@ -364,6 +363,7 @@ class Dispatcher:
     def _ready(self, plan: Plan, m: int, n: int, k: int, like) -> _Ready:
         from .check import check
         from .diagnostics import errors
+        from .lower import build_program
 
         problems = errors(check(plan.program, self.gpu))  # a database is text from outside: checked before lowering
         if problems:
@@ -446,7 +446,7 @@ class TorchLauncher:
         self._build_many = build_many
 
     def load(self, program: Program, gpu: Gpu):
-        from .lower import lower
+        from .lower import build_program, lower
         from .runtime import Library
 
         build_many = self._build_many

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .bench import git_commit
-from .search.base import Shape
+from .problem import Shape
 
 WALL_TARGET_US = 20_000.0  # each wall-time loop runs about this long
 CALLERS = ("l2gen", "torch", "control")

@@ -7,7 +7,7 @@ variable the template uses but lowering forgot is an error, not an empty string.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,8 +15,9 @@ import jinja2
 
 from .check import check, l2gen_operands
 from .diagnostics import DiagnosticError, errors
-from .ir import Family, Program, Sm90L2genConfig
+from .ir import Family, Knobs, Program, Sm90L2genConfig
 from .printer import format_program
+from .space import default_name
 from .targets import Gpu
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -85,6 +86,16 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+
+def build_program(program: Program) -> Program:
+    """The program a library is built from: knobs at their defaults and a canonical name.
+
+    Knob-only variants of one compile-time configuration map to the same build program,
+    hence to one library; each variant passes its own knobs at launch.
+    """
+    base = replace(program, knobs=Knobs())
+    return replace(base, name=default_name(base.family, base.config))
 
 
 def entry_name(program: Program, gpu: Gpu) -> str:

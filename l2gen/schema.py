@@ -15,10 +15,10 @@ from pathlib import Path
 
 from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Span
+from .problem import STATUSES  # a database row's
 from .protocol import L2_PROTOCOLS
 from .validate import dimension, finite_number
 
-STATUSES = ("ok", "rejected", "build_error", "run_error", "wrong", "timeout")  # a database row's
 MAX_TEXT = 1 << 16  # program texts and error messages longer than this are not l2gen's
 
 
@@ -150,7 +150,7 @@ def check_export(doc, path: str | Path = "<export>", format_name: str = "l2gen-k
     included) otherwise."""
     from .parse import parse
     from .printer import format_program
-    from .search.base import program_key
+    from .problem import program_key
 
     top = _Fields("E-EXPORT", path, doc, "")
     if doc.get("format") != format_name:

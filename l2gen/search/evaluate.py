@@ -1,8 +1,8 @@
 """Evaluating proposals: checker → lower → build → run, with every failure kept as data.
 
 An :class:`Evaluator` turns a batch of proposals for one shape into one
-:class:`~l2gen.search.base.Measurement` each, in order. Status is one of
-:data:`STATUSES`; nothing a candidate does (failing the checker, the compiler, the launch
+:class:`~l2gen.problem.Measurement` each, in order. Status is one of
+:data:`l2gen.problem.STATUSES`; nothing a candidate does (failing the checker, the compiler, the launch
 or the verification) raises out of ``evaluate``.
 
 Two implementations:
@@ -18,23 +18,18 @@ Two implementations:
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from typing import Callable, Protocol, Sequence
 
 from ..check import check
 from ..diagnostics import errors
-from ..ir import (
-    Knobs,
-    Program,
-)
+from ..ir import Program
+from ..lower import build_program
 from ..printer import format_program
+from ..problem import STATUSES, Measurement, Shape, Status, status_from_worker, unserved
 from ..protocol import DEFAULT_L2
-from ..space import default_name
 from ..targets import Gpu
 from ..timing import DEFAULT_ROUNDS
-from .base import Measurement, Proposal, Shape
-
-STATUSES = ("ok", "rejected", "build_error", "run_error", "wrong", "timeout")
+from .base import Proposal
 
 OnResult = Callable[[int, Measurement], None]  # (index in the batch, measurement)
 
@@ -52,19 +47,6 @@ class Evaluator(Protocol):
         ...
 
 
-def unserved(shape: Shape) -> str | None:
-    """Why no l2gen program serves a shape, or None. Every program serves any M, and N
-    and K multiples of 8: rows of A (lda = K), B and C (ldb, ldc = N for B stored K x N)
-    must start 16-byte aligned (the templates' problem rule)."""
-    if min(shape.m, shape.n, shape.k) <= 0:
-        return f"shape {shape} has a non-positive dimension"
-    if shape.k % 8:
-        return f"shape {shape}: K = {shape.k} is not a multiple of 8 (16-byte rows of A)"
-    if shape.n % 8:
-        return f"shape {shape}: N = {shape.n} is not a multiple of 8 (16-byte rows of B and C)"
-    return None
-
-
 def rejected(shape: Shape, program: Program, gpu: Gpu) -> Measurement | None:
     """A 'rejected' measurement if the checker (or the shape rule) refuses the program."""
     why = unserved(shape)
@@ -74,16 +56,6 @@ def rejected(shape: Shape, program: Program, gpu: Gpu) -> Measurement | None:
     if problems:
         return Measurement(shape, program, "rejected", error="\n".join(str(d) for d in problems))
     return None
-
-
-def build_program(program: Program) -> Program:
-    """The program a library is built from: knobs at their defaults and a canonical name.
-
-    Knob-only variants of one compile-time configuration map to the same build program,
-    hence to one library; each variant passes its own knobs at launch.
-    """
-    base = replace(program, knobs=Knobs())
-    return replace(base, name=default_name(base.family, base.config))
 
 
 def _emit(out: list, on_result: OnResult | None, index: int, m: Measurement) -> None:
@@ -203,15 +175,12 @@ class _FailedBuild:
 
 def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
     status = row.get("status") or "run_error"
-    if status not in STATUSES or status == "rejected":
+    if status not in STATUSES or status == Status.REJECTED:
         return Measurement(shape, program, "run_error", error=f"worker returned unknown status {status!r}")
     time_us = row.get("time_us")
     if status == "ok" and not (time_us and time_us > 0 and row.get("baseline_us")):
         return Measurement(shape, program, "run_error", relerr=row.get("relerr"), error="worker said ok but gave no time or baseline")
     return Measurement(shape, program, status, time_us=time_us if status == "ok" else None, baseline_us=row.get("baseline_us"), relerr=row.get("relerr"), error=row.get("error"))
-
-
-_WORKER_STATUS = {"ok": "ok", "wrong": "wrong", "timeout": "timeout", "run_error": "run_error", "escaped": "run_error", "unavailable": "run_error"}
 
 
 def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = DEFAULT_ROUNDS, gpu: Gpu | None = None,
@@ -262,7 +231,7 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
         rows = []
         for cand in outcome.get("candidates") or []:
             base = best_of(cand["baselines"]) if "baselines" in cand else shared
-            status = _WORKER_STATUS.get(cand.get("status"), "run_error")
+            status = status_from_worker(cand.get("status"))
             error = cand.get("error")
             if status == "ok" and base is None:
                 status, error = "run_error", "no cuBLAS baseline verified and timed in this run"

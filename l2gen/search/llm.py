@@ -42,7 +42,8 @@ from ..diagnostics import Diagnostic
 from ..ir import BLayout, Family, Program, Sm80Config, Span, Tile
 from ..parse import grammar_text
 from ..targets import DEFAULT_GPU, Gpu, get_gpu
-from .base import Measurement, Proposal, Shape, program_key
+from ..problem import Measurement, Shape, program_key
+from .base import Proposal
 from .llm_prompt import (  # noqa: F401  (extract_program_text, read_answer: public API)
     ANSWER_FILE,
     TOOL_NAME,

@@ -15,7 +15,8 @@ from ..ir import Family, Program, Span
 from ..parse import grammar_text, parse
 from ..printer import format_program
 from ..targets import Gpu
-from .base import REWARD_FAILED, REWARD_REJECTED, Shape
+from ..problem import Shape
+from .base import REWARD_FAILED, REWARD_REJECTED
 
 ANSWER_FILE = "answer.l2"  # the file name diagnostics of an answer carry
 TOOL_NAME = "emit_l2gen_program"

@@ -16,19 +16,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from ..ir import Program
+from ..problem import Measurement, Shape, program_key, unserved
 from ..protocol import DEFAULT_L2
 from ..targets import Gpu
-from .base import (
-    REWARD_FAILED,
-    REWARD_REJECTED,
-    Measurement,
-    Policy,
-    Proposal,
-    Shape,
-    program_key,
-    reward,
-)
-from .evaluate import Evaluator, unserved
+from .base import REWARD_FAILED, REWARD_REJECTED, Policy, Proposal, reward
+from .evaluate import Evaluator
 
 __all__ = ["REWARD_FAILED", "REWARD_REJECTED", "reward", "tune", "ShapeResult", "TuneError", "TuneSummary"]
 

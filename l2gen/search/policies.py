@@ -33,7 +33,8 @@ from ..parse import parse
 from ..printer import format_program
 from ..space import SLOTS, Slot, assemble, choices_of, random_program, sanitize, splits_apply
 from ..targets import Gpu, get_gpu
-from .base import REWARD_REJECTED, Measurement, Proposal, Shape, program_key, reward
+from ..problem import Measurement, Shape, program_key
+from .base import REWARD_REJECTED, Proposal, reward
 
 FEATURE_NAMES = (
     "bias",

@@ -31,12 +31,14 @@ from ..ir import (
     SplitK,
     Tile,
 )
+from ..lower import build_program
 from ..printer import format_program
+from ..problem import Measurement, Shape
 from ..protocol import DEFAULT_L2
 from ..space import splits_apply
 from ..targets import Gpu
-from .base import Measurement, Proposal, Shape
-from .evaluate import OnResult, _emit, build_program, rejected
+from .base import Proposal
+from .evaluate import OnResult, _emit, rejected
 
 # Every constant below is a modelling choice, not a measured figure
 # (except the Gpu record's SMs, shared memory, peak and bandwidth).

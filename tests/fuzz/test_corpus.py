@@ -44,7 +44,7 @@ def _l2gen_db(path: Path, *, simulate: bool) -> None:
         assert main(argv) == 0
         return
     from l2gen.db import KernelDB
-    from l2gen.search.base import Measurement, Shape
+    from l2gen.problem import Measurement, Shape
     from l2gen.space import assemble
     from l2gen.ir import Family
 

@@ -20,7 +20,7 @@ from l2gen.db import KernelDB  # noqa: E402
 from l2gen.dispatch import Dispatcher, TorchLauncher, detect_gpu, own_toolchain  # noqa: E402
 from l2gen.ir import Family, SplitK  # noqa: E402
 from l2gen.parse import parse  # noqa: E402
-from l2gen.search.base import Measurement, Shape  # noqa: E402
+from l2gen.problem import Measurement, Shape  # noqa: E402
 from l2gen.space import assemble  # noqa: E402
 
 pytestmark = [

@@ -13,7 +13,7 @@ from l2gen import bench as bench_mod
 from l2gen.baselines import BASELINES, cublas_best, result_key
 from l2gen.diagnostics import Diagnostic, DiagnosticError
 from l2gen.ir import BLayout, Family, Program, Sm80Config, Tile
-from l2gen.search.base import Shape
+from l2gen.problem import Shape
 from l2gen.protocol import Floors, Protocol
 from l2gen.targets import GPUS
 from l2gen.worker import Worker

@@ -174,7 +174,7 @@ def test_bench_db_runs_each_best_on_its_own_shape(tmp_path, monkeypatch, capsys)
     import l2gen.runtime
     from l2gen.db import KernelDB
     from l2gen.parse import parse
-    from l2gen.search.base import Measurement, Shape
+    from l2gen.problem import Measurement, Shape
     from l2gen.targets import GPUS
 
     db = KernelDB(tmp_path / "k.db")
@@ -237,7 +237,7 @@ def test_build_makes_the_shared_library_of_files_and_database_bests(tmp_path, mo
     from l2gen.db import KernelDB
     from l2gen.ir import Knobs
     from l2gen.parse import parse
-    from l2gen.search.base import Measurement, Shape
+    from l2gen.problem import Measurement, Shape
     from l2gen.targets import GPUS
 
     built = []
@@ -359,7 +359,7 @@ def test_a_simulated_tune_has_a_database_of_its_own_by_default(tmp_path, monkeyp
     # and the database of measured rows refuses simulated ones (exit 2, nothing added)
     from l2gen.db import KernelDB
     from l2gen.ir import Family
-    from l2gen.search.base import Measurement, Shape
+    from l2gen.problem import Measurement, Shape
     from l2gen.space import assemble
 
     with KernelDB(tmp_path / "real.db") as db:

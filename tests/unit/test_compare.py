@@ -11,7 +11,7 @@ from l2gen.cli import main
 from l2gen.compare import Pair, compare_db, compare_results
 from l2gen.parse import parse
 from l2gen.protocol import ProtocolMismatch
-from l2gen.search.base import Shape
+from l2gen.problem import Shape
 
 TEXT = "kernel {name} {{\n  arch sm80\n  tile 64 x 64 x 32\n}}\n"
 
@@ -73,7 +73,7 @@ def test_cli_compare_exit_codes_and_json(tmp_path, capsys):
 
 def test_cli_compare_with_a_database(tmp_path, capsys):
     from l2gen.db import KernelDB
-    from l2gen.search.base import Measurement
+    from l2gen.problem import Measurement
     from l2gen.targets import GPUS
 
     db = KernelDB(tmp_path / "k.db")

@@ -10,7 +10,7 @@ import pytest
 from l2gen.cli import main
 from l2gen.curves import compare_runs, curves_from_db, geomean_curve
 from l2gen.db import KernelDB
-from l2gen.search.base import Shape
+from l2gen.problem import Shape
 from l2gen.search.loop import tune
 from l2gen.search.policies import EmbeddedPolicy, RandomPolicy
 from l2gen.search.simulate import SimulatedEvaluator

@@ -14,7 +14,7 @@ import pytest
 from l2gen.db import DatabaseError, GpuMismatchError, KernelDB, ProtocolMismatchError, SCHEMA_VERSION
 from l2gen.ir import BLayout, Family
 from l2gen.printer import format_program
-from l2gen.search.base import Measurement, Shape, program_key
+from l2gen.problem import Measurement, Shape, program_key
 from l2gen.space import assemble
 from l2gen.targets import GPUS
 
@@ -203,7 +203,7 @@ def test_import_bench_results_measured_on_the_h200(tmp_path):
     from pathlib import Path
 
     from l2gen.db import DatabaseError, KernelDB
-    from l2gen.search.base import Shape
+    from l2gen.problem import Shape
 
     results = Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-examples-public-run2.json"
     with KernelDB(tmp_path / "h200.db") as db:

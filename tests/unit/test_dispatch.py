@@ -12,7 +12,7 @@ from l2gen import dispatch
 from l2gen.db import KernelDB
 from l2gen.dispatch import Dispatcher, bucket, default_db_path
 from l2gen.ir import BLayout, Family
-from l2gen.search.base import Measurement, Shape
+from l2gen.problem import Measurement, Shape
 from l2gen.space import assemble
 from l2gen.targets import GPUS
 

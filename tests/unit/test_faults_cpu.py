@@ -15,7 +15,7 @@ import pytest
 from l2gen.build import build, cache_dir
 from l2gen.cli import main
 from l2gen.db import KernelDB
-from l2gen.search.base import Measurement, Shape
+from l2gen.problem import Measurement, Shape
 from l2gen.search.loop import TuneError, tune
 from l2gen.search.policies import RandomPolicy
 from l2gen.search.simulate import SimulatedEvaluator

@@ -21,7 +21,7 @@ pytest.importorskip("openai")  # the 'llm' extra
 
 from l2gen.parse import grammar_text, parse
 from l2gen.printer import format_program
-from l2gen.search.base import Measurement, Shape
+from l2gen.problem import Measurement, Shape
 from l2gen.search.llm import (
     ENV_API_KEY,
     ENV_BASE_URL,

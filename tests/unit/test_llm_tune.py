@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from l2gen.db import KernelDB
-from l2gen.search.base import Shape
+from l2gen.problem import Shape
 from l2gen.search.simulate import SimulatedEvaluator
 from l2gen.search.llm import LLMError
 from l2gen.search.loop import tune

@@ -13,8 +13,10 @@ import pytest
 from l2gen.check import is_valid
 from l2gen.db import KernelDB
 from l2gen.ir import BLayout, Family, Knobs, Raster, SplitK
-from l2gen.search.base import REWARD_FAILED, REWARD_REJECTED, Measurement, Proposal, Shape, program_key, reward
-from l2gen.search.evaluate import DeviceEvaluator, build_program
+from l2gen.problem import Measurement, Shape, program_key
+from l2gen.search.base import REWARD_FAILED, REWARD_REJECTED, Proposal, reward
+from l2gen.lower import build_program
+from l2gen.search.evaluate import DeviceEvaluator
 from l2gen.search.simulate import SimulatedEvaluator, cublas_model_us, model_us
 from l2gen.search.loop import tune
 from l2gen.search.policies import EmbeddedPolicy, RandomPolicy, RidgeCostModel, shape_features

@@ -15,8 +15,8 @@ from l2gen.cli import main
 from l2gen.db import KernelDB
 from l2gen.dispatch import Dispatcher
 from l2gen.lower import lower
-from l2gen.search.base import Measurement, Shape
-from l2gen.search.evaluate import build_program
+from l2gen.problem import Measurement, Shape
+from l2gen.lower import build_program
 from l2gen.search.llm_prompt import read_answer
 from l2gen.targets import GPUS
 
