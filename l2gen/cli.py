@@ -10,27 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .diagnostics import Diagnostic, DiagnosticError, UsageError
+from .cli_common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best
+from .diagnostics import DiagnosticError, UsageError
 from .ir import Program
 from .targets import DEFAULT_GPU, GPUS, Gpu, get_gpu
 from .validate import at_least, output_dir, positive_float, write_atomic
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-
-
-def eprint(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
-
-
-def fail(code: str, message: str) -> DiagnosticError:
-    """A diagnostic with no source location, for errors in a command's arguments."""
-    return DiagnosticError([Diagnostic(code, message)])
-
-
-def usage(code: str, message: str) -> UsageError:
-    """A :class:`UsageError` with one diagnostic and no source location."""
-    return UsageError([Diagnostic(code, message)])
-
 
 def _load(paths: list[str], gpu: Gpu, *, check_too: bool = True) -> tuple[list[tuple[str, Program]], bool]:
     """Parse (and check) files; print diagnostics; return the good programs and an ok flag."""
@@ -137,24 +121,6 @@ def cmd_compile(args) -> int:
         if args.verbose:
             print(f"  {command}")
     return EXIT_OK if ok else EXIT_FAIL
-
-
-def recorded_best(args, l2: str | None = None) -> dict:
-    """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``, among the
-    measurements made under the L2 protocol ``l2`` (None: the database's own); a database
-    measured under another protocol is refused (exit 2)."""
-    from .db import DatabaseError, KernelDB, ProtocolMismatchError
-
-    try:
-        with KernelDB(args.db, readonly=True) as db:
-            db.check_gpu(args.gpu)
-            if l2 is not None:
-                db.check_l2(l2)
-            return db.best_all(args.gpu)
-    except ProtocolMismatchError as exc:
-        raise usage("E-PROTOCOL", str(exc)) from None
-    except DatabaseError as exc:
-        raise fail("E-DB", str(exc)) from None
 
 
 def cmd_build(args) -> int:

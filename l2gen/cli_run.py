@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best, usage
+from .cli_common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best, usage
 from .diagnostics import Diagnostic, DiagnosticError
 from .ir import Span
 from .protocol import DEFAULT_GRAPH_CALLS, DEFAULT_L2, DEFAULT_QPS, L2_PROTOCOLS, MODES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import EXIT_FAIL, EXIT_OK, eprint, fail, usage
+from .cli_common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .timing import DEFAULT_ROUNDS, MIN_REPS
 from .validate import at_least, output_file, write_atomic

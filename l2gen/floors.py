@@ -10,8 +10,8 @@ turns them into each row's ``floor_pct``.
 
 from __future__ import annotations
 
-from .measure import _device, _session, time_mode
 from .protocol import DEFAULT_L2, Protocol
+from .session import device_record, session, time_mode
 from .timing import MIN_REPS
 from .worker import Note
 
@@ -28,10 +28,10 @@ def probe(task: dict, note: Note) -> dict:
 
     note({"phase": "setup"})
     protocol = Protocol.of(task, missing_l2=DEFAULT_L2)
-    s = _session(task)
+    s = session(task)
     flush, h = s.flush(protocol.l2), s.stream.handle
     reps, warmup = max(MIN_REPS, int(task.get("reps", MIN_REPS))), int(task.get("warmup", 5))
-    out: dict = {"status": "ok", "error": None, "device": _device(s), "protocol": protocol.to_dict()}
+    out: dict = {"status": "ok", "error": None, "device": device_record(s), "protocol": protocol.to_dict()}
 
     note({"phase": "probe", "what": "launch floor"})
     timed, _, uncaptured = time_mode(protocol, {"empty": [s.probes.empty]}, h, flush, reps=reps,

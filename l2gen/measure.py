@@ -17,53 +17,11 @@ import os
 
 from .protocol import DEFAULT_L2, Protocol
 from .timing import ESCAPE_RATIO, MIN_REPS
+from .session import device_record, session, time_mode
 from .worker import Note, failed, knobs_from_dict, normalize
 
-_SESSION = None
 AUTOTUNED = "cublaslt_autotuned"
 RANK = "#"  # "baseline/cublaslt_autotuned#2": the auto-tune's second fastest algorithm
-
-
-class _Session:
-    """Per-process GPU state: the timed stream, the probes and the flushes, the reference,
-    the baselines."""
-
-    def __init__(self, probes: str | None):
-        from . import runtime
-        from .probes import Probes, build_probes
-        from .verify import CudaDevice, default_reference
-
-        runtime.call("cudaSetDevice", 0)  # the first visible device (CUDA_VISIBLE_DEVICES)
-        self.info = runtime.device_info(0)
-        self.stream = runtime.Stream()
-        self.probes = Probes(probes or build_probes())
-        self._flushes: dict = {}
-        self.device = CudaDevice()
-        self.reference = default_reference(self.device)
-        self._baselines: dict = {}
-
-    def flush(self, l2: str):
-        """The :class:`probes.Flush` of an L2 protocol (one buffer per protocol and process)."""
-        from .probes import Flush
-
-        if l2 not in self._flushes:
-            self._flushes[l2] = Flush(self.probes, l2, self.info.l2_bytes)
-        return self._flushes[l2]
-
-    def baselines(self, shim: str | None):
-        from .baselines import Baselines
-
-        if shim not in self._baselines:
-            self._baselines[shim] = Baselines(shim)
-        return self._baselines[shim]
-
-
-def _session(task: dict) -> _Session:
-    global _SESSION
-    if _SESSION is None:
-        _SESSION = _Session(task.get("probes"))
-    return _SESSION
-
 
 def execute(task: dict, note: Note) -> dict:
     """The worker's default executor: "measure" (see the module docstring) and "ping"."""
@@ -96,7 +54,7 @@ def _measure(task: dict, note: Note) -> dict:
 
     note({"phase": "setup"})
     protocol = Protocol.of(task, missing_l2=DEFAULT_L2)
-    s = _session(task)
+    s = session(task)
     flush = s.flush(protocol.l2)
     m, n, k = int(task["m"]), int(task["n"]), int(task["k"])
     layout = task.get("b_layout", "kn")
@@ -254,44 +212,11 @@ def _measure(task: dict, note: Note) -> dict:
     return {
         "status": "ok",
         "error": None,
-        "device": _device(s),
+        "device": device_record(s),
         "protocol": protocol.to_dict(),
         "candidates": [results[f"candidate/{cand['name']}"] for cand in task["candidates"]],
         "baselines": {name: results[f"baseline/{name}"] for name in task["baselines"]},
     }
-
-
-def _device(s: _Session) -> dict:
-    return {"name": s.info.name, "sm": s.info.sm, "sms": s.info.sms, "l2_bytes": s.info.l2_bytes}
-
-
-def time_mode(protocol: Protocol, runner_sets: dict, stream: int, flush, *, reps: int, warmup: int,
-              wall_check: bool = True) -> tuple[dict, dict, dict]:
-    """Time runners under a protocol's mode: ``runner_sets[key]`` is one runner per input
-    copy (only graph mode uses more than the first). Returns ``(samples, extras,
-    failures)``: a :class:`timing.TimingSample` per runner timed (its event times one per
-    call: per run in events mode, replay / calls in graph mode, per arrival in server
-    mode), the mode's own figures per runner (``{"graph": ...}`` or ``{"server": ...}``),
-    and why each runner that could not be timed was not (graph capture)."""
-    from .modes import arrival_schedule, time_graph, time_server
-    from .timing import TimingSample, time_interleaved, with_escape_check
-
-    first = {key: runners[0] for key, runners in runner_sets.items()}
-    failures: dict[str, str] = {}
-    if protocol.mode == "events":
-        return time_interleaved(first, stream, flush, reps=reps, warmup=warmup, wall_check=wall_check), {}, {}
-    if protocol.mode == "graph":
-        graphs, failures = time_graph(runner_sets, stream, flush, calls=protocol.graph_calls)
-        samples = {key: TimingSample(key, g.per_call_us) for key, g in graphs.items()}
-        extras = {key: {"graph": g.to_dict()} for key, g in graphs.items()}
-    else:
-        schedule = arrival_schedule(list(first), reps, protocol.qps, protocol.seed)
-        served = time_server(first, stream, flush, schedule, warmup=warmup)
-        samples = {key: TimingSample(key, sv.event_us) for key, sv in served.items()}
-        extras = {key: {"server": sv.to_dict()} for key, sv in served.items()}
-    if wall_check:
-        samples = {key: with_escape_check(sample, first[key], stream) for key, sample in samples.items()}
-    return samples, extras, failures
 
 
 def _pool(per_round: list) -> dict:

@@ -1,0 +1,43 @@
+"""What every ``l2gen`` command module shares: exit codes, error constructors, stderr, and
+reading a kernel database's best programs. Below :mod:`l2gen.cli`, :mod:`l2gen.cli_run`
+and :mod:`l2gen.cli_tune`, so that none of them imports another to reach these."""
+
+from __future__ import annotations
+
+import sys
+
+from .diagnostics import Diagnostic, DiagnosticError, UsageError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def eprint(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def fail(code: str, message: str) -> DiagnosticError:
+    """A diagnostic with no source location, for errors in a command's arguments."""
+    return DiagnosticError([Diagnostic(code, message)])
+
+
+def usage(code: str, message: str) -> UsageError:
+    """A :class:`UsageError` with one diagnostic and no source location."""
+    return UsageError([Diagnostic(code, message)])
+
+
+def recorded_best(args, l2: str | None = None) -> dict:
+    """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``, among the
+    measurements made under the L2 protocol ``l2`` (None: the database's own); a database
+    measured under another protocol is refused (exit 2)."""
+    from .db import DatabaseError, KernelDB, ProtocolMismatchError
+
+    try:
+        with KernelDB(args.db, readonly=True) as db:
+            db.check_gpu(args.gpu)
+            if l2 is not None:
+                db.check_l2(l2)
+            return db.best_all(args.gpu)
+    except ProtocolMismatchError as exc:
+        raise usage("E-PROTOCOL", str(exc)) from None
+    except DatabaseError as exc:
+        raise fail("E-DB", str(exc)) from None
