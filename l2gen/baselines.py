@@ -186,9 +186,6 @@ class Baselines:
                     if n.startswith("cublas"):
                         self.unavailable[n] = str(e)
 
-    def available(self) -> list[str]:
-        return [n for n in self.names if n not in self.unavailable]
-
     @staticmethod
     def c_transposed(name: str) -> bool:
         """Whether the baseline writes C column-major."""

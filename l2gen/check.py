@@ -345,10 +345,6 @@ def _list(values) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def _log2(x: int) -> int:
-    return x.bit_length() - 1
-
-
 def check(program: Program, gpu: Gpu) -> list[Diagnostic]:
     """All diagnostics for a program on a GPU; an empty list means it lowers and runs."""
     return _Checker(program, gpu).run()

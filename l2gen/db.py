@@ -33,11 +33,9 @@ import datetime as _dt
 import functools
 import importlib.metadata
 import json
-import os
 import shutil
 import sqlite3
 import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -45,7 +43,7 @@ from pathlib import Path
 from .ir import BLayout, Program
 from .parse import parse
 from .printer import format_program
-from .protocol import LEGACY_L2, ProtocolMismatch, check_l2, l2_of
+from .protocol import LEGACY_L2, ProtocolMismatch, check_l2
 from .problem import Measurement, Shape, program_key, status_from_bench
 from .targets import Gpu
 from .toolchain import found_nvcc_version

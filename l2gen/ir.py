@@ -11,7 +11,7 @@ entry point of a built kernel takes them as arguments.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -260,16 +260,8 @@ class Program:
     def with_knobs(self, **changes) -> "Program":
         return replace(self, knobs=replace(self.knobs, **changes))
 
-    def with_config(self, **changes) -> "Program":
-        return replace(self, config=replace(self.config, **changes))
-
 
 def given(values: dict, **fields) -> dict:
     """Keyword arguments for a record from the decisions that were made, each through its
     converter (None: as is); the rest are left to the record's own defaults."""
     return {name: (convert or (lambda v: v))(values[name]) for name, convert in fields.items() if name in values}
-
-
-def decision_names(cls) -> list[str]:
-    """Names of the decision fields of a config record, in declaration order."""
-    return [f.name for f in fields(cls) if f.name not in ("spans", "span")]

@@ -165,10 +165,3 @@ def random_program(rng: random.Random, gpu: Gpu, family: Family | None = None, *
         if is_valid(program, gpu):
             return program
     raise RuntimeError(f"no valid {family} program found in {tries} draws")
-
-
-def random_any(rng: random.Random, family: Family | None = None) -> Program:
-    """A program drawn from the slots with no validity filter (for checker tests)."""
-    fam = family or rng.choice(tuple(Family))
-    choices = {s.name: rng.choice(s.choices) for s in SLOTS[fam]}
-    return assemble(fam, choices, b_layout=rng.choice(tuple(BLayout)))

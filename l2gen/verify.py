@@ -233,10 +233,6 @@ class VerifyResult:
     seeds: int = 0  # seeds that ran
     reference: str = ""
 
-    def to_dict(self) -> dict:
-        return {"ok": self.ok, "relerr": self.relerr, "error": self.error,
-                "seeds": self.seeds, "reference": self.reference}
-
 
 Kernel = Callable[[Any, Any, Any], None]  # kernel(a, b, c) enqueues C = A @ B
 
