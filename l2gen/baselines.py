@@ -31,7 +31,7 @@ BASELINES = ("torch_matmul", "cublas", "cublas_tt", "cublaslt_heuristic", "cubla
 SHIM_SOURCE = TEMPLATE_DIR / "cublas_shim.cu"
 SHIM_FLAGS = ("-std=c++17", "-O2", "-Xcompiler=-fPIC", "-shared")
 AUTOTUNE_REPS = 30  # timed rounds of the cuBLASLt candidates (median per algorithm); at 10 the pick
-# varied between runs on the H200 (16384x4096x4096: 752.8 vs 788.8 us), moving cuBLAS-best
+# varied between runs on large shapes, moving cuBLAS-best
 AUTOTUNE_FINALISTS = 3  # the tuner's fastest algorithms timed again with the candidates
 SHIM_VERSION = "1"  # bump when the build command changes
 

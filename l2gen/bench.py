@@ -89,8 +89,8 @@ SHORT_REPS_FACTOR = 4
 
 def reps_for(shape: Shape, gpu: Gpu, reps: int) -> int:
     """Timed runs per median for a shape: launch jitter is a larger share of a few-µs
-    kernel (on the H200, 256^3 ratios moved 9% between two runs at 50 reps), so short
-    shapes get more runs; they cost little."""
+    kernel (a few-µs shape's ratio moved several percent between two runs at 50 reps),
+    so short shapes get more runs; they cost little."""
     return reps * SHORT_REPS_FACTOR if gpu.floor_us(shape.m, shape.n, shape.k) < SHORT_KERNEL_US else reps
 
 

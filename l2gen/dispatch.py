@@ -50,9 +50,9 @@ from .targets import GPUS, Gpu
 log = logging.getLogger("l2gen.dispatch")
 
 # An exact-shape program must have beaten cuBLAS-best by more than a re-measurement moves
-# it (the shipped database reproduces within 2.3%; large shapes within 1%). A tie is not
-# worth serving: any winner makes every unserved call pay the lookup (about 0.5 us on the
-# H200's host), and a 1.003x "win" cannot repay that.
+# it (bench/results/ holds the shipped database's re-measures). A tie is not worth
+# serving: any winner makes every unserved call pay the lookup on the host, and a win of a
+# fraction of a percent cannot repay that.
 MIN_SPEEDUP = 1.02
 MIN_SPEEDUP_NEARBY = 1.05  # a program tuned for another shape must have beaten it clearly
 MAX_RELERR = 1e-3  # the first result per shape is checked against the fallback
@@ -290,12 +290,12 @@ class Dispatcher:
 
     def call(self, a, b, out=None):
         """What ``__call__`` does; ``l2gen.matmul`` calls this bound method directly (a
-        call through ``__call__`` costs about 0.3 µs more in CPython)."""
+        call through ``__call__`` costs more in CPython)."""
         # The paths are kept short: a caller whose kernels take a few microseconds is bound
         # by the host, and every step here adds to its time. A database with nothing that
         # beats cuBLAS on this GPU costs one attribute test per call.
         # Fallback calls pass ``out=`` only when given: torch.matmul(a, b, out=None) costs
-        # about 0.1 µs more than torch.matmul(a, b) (on a CPU).
+        # more host time than torch.matmul(a, b).
         if self._idle:
             return self._fallback(a, b) if out is None else self._fallback(a, b, out=out)
         # Most calls that are not served have a B shape (K, N) that no M is served for:

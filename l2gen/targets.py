@@ -43,7 +43,7 @@ class Gpu:
 
 GPUS: dict[str, Gpu] = {
     # H200 SXM: 132 SMs, 227 KB opt-in shared memory per block, 50 MB L2. The peak and
-    # bandwidth are the figures DESIGN.md records as measured on the device machine.
+    # bandwidth were measured on the device machine (bench/results/ holds the runs).
     "h200": Gpu("h200", 90, 132, 232448, 233472, 65536, 1024, 50 * 2**20, 750.0, 4.3, 8),
     "h100": Gpu("h100", 90, 132, 232448, 233472, 65536, 1024, 50 * 2**20, 750.0, 3.35, 8),
     # A100 SXM: 108 SMs, 163 KB opt-in shared memory per block, 40 MB L2.

@@ -79,8 +79,8 @@ class DeviceEvaluator:
     one dict per candidate, in order, with keys ``status`` (``"ok"``, ``"run_error"``,
     ``"wrong"`` or ``"timeout"``), ``time_us``, ``baseline_us`` (cuBLAS-best, same run),
     ``relerr`` and ``error`` (missing keys read as None). It must time the candidates and
-    the baseline interleaved in one isolated process (see DESIGN.md, "Verifying and
-    timing").
+    the baseline interleaved in one isolated process (:mod:`l2gen.worker`,
+    :mod:`l2gen.measure`).
 
     ``bundle`` > 1 compiles a batch's new programs that many to an nvcc run
     (:func:`l2gen.build.build_bundle`): fewer core-seconds per program, a longer wait for

@@ -252,7 +252,7 @@ class EmbeddedPolicy:
     exploring). On the simulated H200 at small budgets (8 shapes x 48 candidates) the
     cost model and the edits carry most of the gain over random search; REINFORCE shows
     in the quality of fresh samples on shapes never measured (their mean reward rises
-    from about -0.77 to -0.3 after 16 shapes), which is why its learning rate is modest.
+    as shapes are tuned), which is why its learning rate is modest.
     """
 
     name = "embedded"

@@ -194,7 +194,7 @@ def test_readonly_lookup(tmp_path):
     with KernelDB(path) as d:
         d.add(ok(program(), 10.0), H200)
     with KernelDB(path, readonly=True) as ro:
-        assert ro.best(H200, SHAPE) is not None
+        assert ro.best(H200, SHAPE) == (program(), pytest.approx(2.0), 10.0)
         with pytest.raises(DatabaseError, match="read-only"):
             ro.add(ok(program(), 10.0), H200)
 

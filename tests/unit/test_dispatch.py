@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,8 +213,9 @@ def test_default_db_path(monkeypatch, tmp_path):
     monkeypatch.setenv("L2GEN_DB", str(tmp_path / "mine.db"))
     assert default_db_path(H200) == tmp_path / "mine.db"
     monkeypatch.delenv("L2GEN_DB")
-    shipped = default_db_path(H200)
-    assert shipped is None or shipped.name == "kernels_h200.db"
+    shipped = default_db_path(H200)  # the package ships an H200 database, and no A100 one
+    assert shipped.resolve() == Path(dispatch.__file__).resolve().parent / "data" / "kernels_h200.db" and shipped.is_file()
+    assert default_db_path(GPUS["a100"]) is None
 
 
 def test_module_matmul_caches_a_dispatcher_per_db(db, monkeypatch):
@@ -444,7 +446,7 @@ def test_winners_timed_under_another_protocol_are_not_served(dirty_db, monkeypat
     trusting = make(dirty_db, FakeLauncher(), l2="dirty")
     assert trusting.plan(64, 256, 512).program == program(128, 128)
     monkeypatch.setenv(dispatch.TRUST_ENV, "dirty")
-    assert make(dirty_db, FakeLauncher()).plan(64, 256, 512) is not None
+    assert make(dirty_db, FakeLauncher()).plan(64, 256, 512).program == program(128, 128)
     monkeypatch.setenv(dispatch.TRUST_ENV, "tepid")
     with caplog.at_level(logging.WARNING, logger="l2gen.dispatch"):
         assert make(dirty_db, FakeLauncher()).l2 == "clean"
@@ -530,7 +532,7 @@ def test_only_rows_of_this_toolchain_and_never_simulated_ones_are_served(tmp_pat
         d = Dispatcher(other, H200, launcher=FakeLauncher(), fallback=numpy_matmul, toolchain={"nvcc": "13.0.88"})
         assert d.plan(64, 256, 512) is None  # measured with another nvcc
         d = Dispatcher(other, H200, launcher=FakeLauncher(), fallback=numpy_matmul, toolchain={"nvcc": "12.4.131"})
-        assert d.plan(64, 256, 512) is not None
+        assert d.plan(64, 256, 512).program == program(128, 128)
     with KernelDB(tmp_path / "sim.db") as sim:
         sim.check_evidence("simulated")
         sim.add(winner, H200, "tune", {"simulated": "analytic model", "nvcc": "13.0.88"})

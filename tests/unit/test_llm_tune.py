@@ -28,7 +28,7 @@ def test_tune_with_the_llm_policy(server, tmp_path):
         summary = run(policy, db)
         for shape in SHAPES:
             result = summary.results[shape]
-            assert result.measured == 6 and result.best_speedup is not None
+            assert result.measured == 6 and result.best_speedup > 0
             assert len(db.history(H200, shape)) == 6
     assert policy.stats.total.repaired == 1
     # the second shape's prompts show what the first one measured
