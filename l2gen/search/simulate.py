@@ -224,6 +224,11 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     elif splits > 1:  # atomic: every split adds its tile in L2, the last reads and zeroes it
         t_epi += rows * cols * 4 * 3 / bw_sm + 0.4
     compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
+    if splits > 1 and cfg.split_k is SplitK.ATOMIC:
+        # The splits of a tile add into the same addresses, which L2 serializes: each split
+        # costs a fixed latency plus its tile at a contended rate (both fit to the atomic
+        # rows of the H200 multicast sweep; bench/results/README.md, "Multicast clusters").
+        compute += splits * (1.3 + rows * cols * 4 / 5e4)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
 
 
