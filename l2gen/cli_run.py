@@ -100,9 +100,17 @@ def _shapes(args) -> list:
     return shapes
 
 
+SAMPLE_MAX = 100_000  # programs one sample run compiles at most
+
+
 def cmd_sample(args) -> int:
     from .sample import compile_sample, write_report
+    from .toolchain import ToolchainError, detect_toolchain
 
+    try:  # every program of the sample needs the compiler: find it before the first
+        detect_toolchain()
+    except ToolchainError as exc:
+        raise fail("E-TOOLCHAIN", f"sample compiles programs: {exc}") from None
     if args.out:
         output_file(args.out, "-o")
         output_file(args.out + ".partial", "-o")
@@ -307,7 +315,7 @@ def _protocol_options(p) -> None:
 def add_commands(sub) -> None:
     """Register sample, bench, tune and db."""
     p = sub.add_parser("sample", help="compile random valid programs; report counts and compile times")
-    p.add_argument("--count", type=at_least(1), default=20)
+    p.add_argument("--count", type=at_least(1, SAMPLE_MAX), default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-j", "--jobs", type=at_least(1), default=None)
     p.add_argument("--bundle", type=at_least(1), default=1, help="programs per translation unit")

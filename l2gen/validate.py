@@ -49,8 +49,9 @@ def finite_number(value, what: str, where: Span = NOWHERE, *, positive: bool = F
     return value
 
 
-def at_least(low: int):
-    """An argparse ``type=`` for an integer option of at least ``low`` (exit 2 otherwise)."""
+def at_least(low: int, high: int | None = None):
+    """An argparse ``type=`` for an integer option of at least ``low`` and, if given, at
+    most ``high`` (exit 2 otherwise)."""
 
     def parse(text: str) -> int:
         try:
@@ -59,9 +60,11 @@ def at_least(low: int):
             raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {str(value)[:40]}")
         return value
 
-    parse.__name__ = f"integer >= {low}"
+    parse.__name__ = f"integer >= {low}" if high is None else f"integer in {low}..{high}"
     return parse
 
 

@@ -378,3 +378,13 @@ def test_fmt_w_refuses_to_drop_an_inline_comment(tmp_path, capsys):
     assert main(["fmt", "-w", str(path)]) == 1
     assert f"{path}:3:26: E-FMT" in capsys.readouterr().err
     assert path.read_text() == text
+
+
+def test_sample_without_a_compiler_stops_before_its_first_program(monkeypatch, tmp_path, capsys):
+    """A sample of any size needs nvcc for every program: without one it ends at once with
+    a message, not after failing each program in turn (a huge --count never ends)."""
+    monkeypatch.setenv("L2GEN_NVCC", str(tmp_path / "no-nvcc"))
+    assert main(["sample", "--count", "100000", "-o", str(tmp_path / "s.json")]) == 1
+    assert "E-TOOLCHAIN" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no report, no partial tally
+    assert main(["sample", "--count", "100001"]) == 2  # over the cap: a usage error
