@@ -320,6 +320,13 @@ class KernelDB:
         row = self._conn().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
+    def _claim(self, key: str, value: str) -> None:
+        """Record what an unclaimed database now holds (its GPU, protocol, evidence);
+        a read-only database is left as it is."""
+        if not self.readonly:
+            with self._conn() as conn:
+                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
             return self._conn().execute(sql, args).fetchall()
@@ -352,9 +359,8 @@ class KernelDB:
                 raise GpuMismatchError(message)
             warnings.warn(message, stacklevel=2)
             return False
-        if recorded is None and not self.readonly:
-            with self._conn() as conn:
-                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('gpu', ?)", (name,))
+        if recorded is None:
+            self._claim("gpu", name)
         self._checked.add(name)
         return True
 
@@ -383,9 +389,8 @@ class KernelDB:
             raise ProtocolMismatchError(
                 f"{self.path} holds measurements timed with l2={recorded}, not l2={l2}; speedups measured under "
                 f"different L2 protocols do not rank against each other: use another database file for l2={l2}")
-        if recorded is None and not self.readonly:
-            with self._conn() as conn:
-                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('l2', ?)", (l2,))
+        if recorded is None:
+            self._claim("l2", l2)
         return True
 
     def _l2(self, l2: str | None) -> str:
@@ -473,9 +478,8 @@ class KernelDB:
             raise EvidenceMismatchError(
                 f"{self.path} holds {recorded} rows, not {evidence} ones; simulated and measured speedups are kept in "
                 f"separate databases (tune --simulate writes {SIMULATED_DB} by default): use another database file")
-        if recorded is None and not self.readonly:
-            with self._conn() as conn:
-                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('evidence', ?)", (evidence,))
+        if recorded is None:
+            self._claim("evidence", evidence)
 
     # -- reading -------------------------------------------------------------------------
 
