@@ -285,15 +285,20 @@ class _Checker:
         if smem > self.gpu.smem_per_block:
             self.error("stages", "E-SMEM", f"{smem} bytes of shared memory ({c.stages} stages of {t}) exceed the {self.gpu.smem_per_block} a block may use on {self.gpu.name}")
 
-    def l2gen_cluster(self, c: Sm90L2genConfig) -> None:
-        cm, cn, ck = c.cluster
+    def cluster_sides(self, cluster: tuple[int, int, int]) -> bool:
+        """Whether a cluster's M and N sides are legal and its K side is 1 (diagnosed if not)."""
+        cm, cn, ck = cluster
         ok = self.one_of("cluster", "cluster M", cm, SM90_CLUSTER)
         ok &= self.one_of("cluster", "cluster N", cn, SM90_CLUSTER)
         if ck != 1:
             self.error("cluster", "E-CLUSTER", f"cluster K {ck} must be 1")
             ok = False
-        if not ok or not c.multicast:
+        return ok
+
+    def l2gen_cluster(self, c: Sm90L2genConfig) -> None:
+        if not self.cluster_sides(c.cluster) or not c.multicast:
             return
+        cm, cn, _ = c.cluster
         if cm * cn > L2GEN_MAX_CLUSTER:
             self.error("cluster", "E-CLUSTER", f"cluster {cm} x {cn} has {cm * cn} CTAs; the l2gen kernel's clusters hold at most {L2GEN_MAX_CLUSTER}")
             return
@@ -310,14 +315,10 @@ class _Checker:
         ok = self.one_of("tile", "tile BM", t.m, SM90_TILE_M)
         ok &= self.one_of("tile", "tile BN", t.n, SM90_TILE_N)
         ok &= self.one_of("tile", "tile BK", t.k, SM90_TILE_K)
-        cm, cn, ck = c.cluster
-        ok &= self.one_of("cluster", "cluster M", cm, SM90_CLUSTER)
-        ok &= self.one_of("cluster", "cluster N", cn, SM90_CLUSTER)
-        if ck != 1:
-            self.error("cluster", "E-CLUSTER", f"cluster K {ck} must be 1")
-            ok = False
+        ok &= self.cluster_sides(c.cluster)
         if not ok:
             return
+        cm, cn, _ = c.cluster
         if cm * cn > self.gpu.max_cluster:
             self.error("cluster", "E-CLUSTER", f"cluster {cm} x {cn} has {cm * cn} CTAs; {self.gpu.name} allows at most {self.gpu.max_cluster}")
         if c.mainloop is Mainloop.COOPERATIVE and t.m % 128:
