@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from l2gen.check import is_valid  # noqa: E402
 from l2gen.db import KernelDB  # noqa: E402
-from l2gen.dispatch import Dispatcher, TorchLauncher, detect_gpu, own_toolchain  # noqa: E402
+from l2gen.dispatch import Dispatcher, TorchLauncher, own_toolchain  # noqa: E402
 from l2gen.ir import Family, SplitK  # noqa: E402
 from l2gen.problem import Measurement, Shape  # noqa: E402
 from l2gen.space import assemble  # noqa: E402
@@ -41,14 +41,6 @@ def programs(gpu):
         ]
     assert all(is_valid(p, gpu) for p in out)
     return out
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    found = detect_gpu()
-    if found is None:
-        pytest.skip(f"no l2gen target record for {torch.cuda.get_device_name()}")
-    return found
 
 
 @pytest.fixture(scope="module")

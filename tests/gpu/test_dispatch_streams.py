@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from l2gen.check import is_valid  # noqa: E402
 from l2gen.db import KernelDB  # noqa: E402
-from l2gen.dispatch import Dispatcher, TorchLauncher, detect_gpu, own_toolchain  # noqa: E402
+from l2gen.dispatch import Dispatcher, TorchLauncher, own_toolchain  # noqa: E402
 from l2gen.ir import Family, SplitK  # noqa: E402
 from l2gen.parse import parse  # noqa: E402
 from l2gen.problem import Measurement, Shape  # noqa: E402
@@ -60,14 +60,6 @@ def split_k_winners(gpu) -> list[tuple[Shape, object]]:
                                                                  splits=4, decomposition="split_k"))),
         ]
     return [(s, p) for s, p in out if is_valid(p, gpu)]
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    found = detect_gpu()
-    if found is None:
-        pytest.skip(f"no l2gen target record for {torch.cuda.get_device_name()}")
-    return found
 
 
 def relerr(c, ref):

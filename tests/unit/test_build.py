@@ -118,17 +118,6 @@ def leftovers() -> list[Path]:
 # ---- toolchain ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def bare(tmp_path, monkeypatch):
-    """No nvcc anywhere: empty PATH, no CUDA_HOME, no wheels, no /usr/local/cuda."""
-    for name in ("L2GEN_NVCC", "CUDA_HOME", "CUDA_PATH"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(toolchain, "SYSTEM_CUDA_DIRS", ())
-    monkeypatch.setattr(toolchain, "_wheel_dirs", lambda: [])
-    return tmp_path
-
-
 def test_no_nvcc_anywhere_says_how_to_get_one(bare):
     with pytest.raises(ToolchainError) as info:
         toolchain.find_nvcc()

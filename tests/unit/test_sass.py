@@ -49,17 +49,6 @@ def tool(folder: Path, name: str, text: str = "#!/bin/sh\n") -> Path:
     return path
 
 
-@pytest.fixture
-def bare(tmp_path, monkeypatch):
-    """No CUDA tools anywhere."""
-    for name in ("L2GEN_NVCC", "L2GEN_CUOBJDUMP", "CUDA_HOME", "CUDA_PATH"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(toolchain, "SYSTEM_CUDA_DIRS", ())
-    monkeypatch.setattr(toolchain, "_wheel_dirs", lambda: [])
-    return tmp_path
-
-
 def test_no_disassembler_says_how_to_get_one(bare):
     with pytest.raises(ToolchainError, match="pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"):
         find_disassembler()
