@@ -9,12 +9,12 @@ Prints one line per (file, shape) and the median over shapes (issue target: >= 0
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 
 from l2gen.parse import parse
 from l2gen.problem import Shape
+from l2gen.schema import read_results
 from l2gen.search.simulate import model_us
 from l2gen.targets import GPUS
 
@@ -45,7 +45,7 @@ def main(paths: list[str]) -> int:
     gpu = GPUS["h200"]
     per_shape = []
     for path in paths:
-        data = json.loads(open(path).read())
+        data = read_results(path)  # a results file, checked field by field
         by_shape: dict[tuple, list[tuple[float, float]]] = {}
         for row in data["rows"]:
             if row.get("status") != "ok" or not row.get("program_text"):
