@@ -1,0 +1,191 @@
+"""Where one launch of an ``impl l2gen`` kernel spends its time, block by block.
+
+The program is built a second time with ``-DL2GEN_TRACE`` (its own cache entry; the plain
+build is untouched), which makes each block write ``%globaltimer`` and ``%clock64`` at six
+points of its life: entry, its first TMA load issued, its first stage full (the first
+tile's latency), the end of its mainloop, the end of its reduction (split K), the end of
+its stores. Each launch runs after a read pass over 256 MiB (L2 cold and clean, as
+``l2gen bench`` times it), on fresh inputs, verified once, between two one-thread kernels
+that stamp %globaltimer: ``life`` is the time between them, the GEMM's whole time on the
+device (launch and drain included; the same markers around torch.matmul give its
+``life`` on the first line). Printed per program and split count: life, the span (first
+block entry to last store) and, over blocks, the median and maximum of each phase, in
+microseconds (the median launch of ``--reps``).
+
+    python bench/timeline.py PROGRAM.l2 [...] --shape 1024x256x4096 --splits 1,2,4,8
+    python bench/timeline.py PROGRAM.l2 --shape ... --json out.json   # every block, every rep
+
+A tool for looking inside a kernel, not a benchmark (``l2gen bench`` is that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import statistics
+import sys
+
+import torch
+
+from l2gen.build import build_many
+from l2gen.ir import Family, Knobs
+from l2gen.lower import build_program, lower
+from l2gen.parse import parse_file
+from l2gen.runtime import Library
+from l2gen.targets import GPUS
+
+POINTS = ("entry", "first_load", "first_full", "mainloop", "reduced", "stored")
+PHASES = (  # (name, from point, to point)
+    ("start", None, "entry"),             # entry after the launch's first block entered
+    ("issue", "entry", "first_load"),     # setup until the first load is issued
+    ("latency", "first_load", "first_full"),  # the first stage's round trip
+    ("mainloop", "first_full", "mainloop"),
+    ("reduce", "mainloop", "reduced"),
+    ("store", "reduced", "stored"),
+)
+SLOTS = 2 * len(POINTS) + 2
+MAX_BLOCKS = 4096  # kTraceBlocks in templates/sm90_l2gen_gemm.cu.j2
+
+
+def traced_library(program):
+    source = lower(build_program(program), GPUS["h200"])
+    return dataclasses.replace(source, flags=(*source.flags, "-DL2GEN_TRACE"))
+
+
+def blocks_of(raw, n: int) -> list[dict]:
+    out = []
+    for b in range(n):
+        row = raw[b * SLOTS:(b + 1) * SLOTS]
+        if not row[SLOTS - 1]:
+            continue  # never ran (or over kTraceBlocks)
+        ns = {p: row[i] for i, p in enumerate(POINTS) if row[i]}
+        cycles = {p: row[len(POINTS) + i] for i, p in enumerate(POINTS) if row[len(POINTS) + i]}
+        out.append({"block": b, "sm": int(row[2 * len(POINTS)]), "ns": ns, "cycles": cycles})
+    return out
+
+
+def phases(blocks: list[dict]) -> dict:
+    t0 = min(b["ns"]["entry"] for b in blocks)
+    end = max(max(b["ns"].values()) for b in blocks)
+    per = {name: [] for name, _, _ in PHASES}
+    for b in blocks:
+        ns = b["ns"]
+        for name, a, z in PHASES:
+            if z not in ns or (a is not None and a not in ns):
+                continue
+            per[name].append((ns[z] - (t0 if a is None else ns[a])) / 1e3)
+    stats = {name: (statistics.median(v), max(v)) for name, v in per.items() if v}
+    return {"span_us": (end - t0) / 1e3, "blocks": len(blocks), "phases": stats}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("programs", nargs="+")
+    ap.add_argument("--shape", required=True)
+    ap.add_argument("--splits", default="1")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--json", help="write every block of every rep here")
+    args = ap.parse_args()
+    m, n, k = (int(x) for x in args.shape.lower().split("x"))
+    programs = [parse_file(p) for p in args.programs]
+    for p in programs:
+        if p.family is not Family.SM90_L2GEN:
+            print(f"{p.name}: only impl l2gen kernels carry the trace", file=sys.stderr)
+            return 2
+    results = build_many([traced_library(p) for p in programs])
+    for r in results:
+        if not r.ok:
+            print(r.error, file=sys.stderr)
+            return 1
+    flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
+    dump = []
+    marker = Library.load(results[0].library, results[0].source.entry)._dll
+    mark = getattr(marker, f"{results[0].source.entry}_mark")
+    mark.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    marks = getattr(marker, f"{results[0].source.entry}_marks")
+    marks.argtypes = [ctypes.c_void_p]
+
+    def life(launch) -> float:
+        """Device time between two marker kernels around one launch after a flush (us)."""
+        stream = torch.cuda.current_stream().cuda_stream
+        flush.sum()
+        mark(0, stream)
+        launch()
+        mark(1, stream)
+        torch.cuda.synchronize()
+        raw = (ctypes.c_ulonglong * 64)()
+        if marks(raw) != 0:
+            raise RuntimeError("marks read failed")
+        return (raw[1] - raw[0]) / 1e3
+
+    a = torch.randn(m, k, dtype=torch.float16, device="cuda")
+    b = torch.randn(k, n, dtype=torch.float16, device="cuda")
+    empty = torch.empty(0, device="cuda")
+    for name, fn in (("torch.matmul (kn)", lambda: torch.matmul(a, b)), ("empty kernel", lambda: empty.zero_())):
+        fn()
+        lives = sorted(life(fn) for _ in range(args.reps))
+        print(f"{name:40s} {'-':>6s} {'-':>6s} {lives[len(lives) // 2]:7.2f}")
+    print(f"{'program':40s} {'splits':>6s} {'blocks':>6s} {'life':>7s} {'span':>7s}  "
+          + "  ".join(f"{name:>13s}" for name, _, _ in PHASES) + "   (us: median/max over blocks)")
+    for program, result in zip(programs, results):
+        lib = Library.load(result.library, result.source.entry)
+        dll = lib._dll
+        get = getattr(dll, f"{result.source.entry}_trace")
+        get.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        reset = getattr(dll, f"{result.source.entry}_trace_reset")
+        nk = program.b_layout.value == "nk"
+        for s in (int(x) for x in args.splits.split(",")):
+            knobs = Knobs(splits=s)
+            ws_bytes = lib.workspace_size(m, n, k, knobs)
+            ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
+            a = torch.randn(m, k, dtype=torch.float16, device="cuda")
+            b = torch.randn((n, k) if nk else (k, n), dtype=torch.float16, device="cuda")
+            c = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+            stream = torch.cuda.current_stream().cuda_stream
+
+            def launch():
+                lib.launch(a, b, c, m, n, k, k, k if nk else n, n, knobs, ws if ws_bytes else None,
+                           ws_bytes, stream)
+
+            try:
+                launch()
+                torch.cuda.synchronize()
+            except Exception as e:  # a knob the binary refuses
+                print(f"{program.name:40s} {s:6d}: {e}")
+                continue
+            ref = a.float() @ (b.float().t() if nk else b.float())
+            err = float((c.float() - ref).norm() / ref.norm())
+            if not err <= 1e-3:
+                print(f"{program.name:40s} {s:6d}: wrong result (relerr {err:.2e})")
+                continue
+            reps = []
+            for _ in range(args.reps):
+                if reset() != 0:
+                    raise RuntimeError("trace reset failed")
+                lived = life(launch)
+                raw = (ctypes.c_ulonglong * (SLOTS * MAX_BLOCKS))()
+                if get(raw, MAX_BLOCKS) != 0:
+                    raise RuntimeError("trace read failed")
+                blocks = blocks_of(raw, MAX_BLOCKS)
+                summary = phases(blocks)
+                summary["life_us"] = lived
+                reps.append((summary, blocks))
+            reps.sort(key=lambda r: r[0]["span_us"])
+            summary, blocks = reps[len(reps) // 2]
+            cells = "  ".join(
+                f"{summary['phases'][name][0]:6.2f}/{summary['phases'][name][1]:6.2f}"
+                if name in summary["phases"] else f"{'-':>13s}" for name, _, _ in PHASES)
+            print(f"{program.name:40s} {s:6d} {summary['blocks']:6d} {summary['life_us']:7.2f} "
+                  f"{summary['span_us']:7.2f}  {cells}")
+            dump.append({"program": program.name, "shape": [m, n, k], "splits": s,
+                         "reps": [{"summary": r[0], "blocks": r[1]} for r in reps]})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dump, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
