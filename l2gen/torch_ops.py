@@ -21,7 +21,8 @@ flattened into M, as a view) and the bias, if any, N values of A's dtype. Everyt
 and every shape no program serves, is computed by torch as torch computes it:
 ``torch.matmul(a, b)`` for B stored K x N, ``F.linear(a, b, bias)`` for B stored N x K
 and wherever a bias is given. A served result gets its bias added right after the GEMM
-(no program fuses one yet).
+(no program fuses one yet). Under autocast the entries cast their operands as autocast
+casts ``F.linear``'s, before the op: fp32 activations under CUDA fp16 autocast are served.
 """
 
 from __future__ import annotations
@@ -152,16 +153,35 @@ def _fits(a, b, bias) -> bool:
             and (bias is None or (isinstance(bias, torch.Tensor) and bias.dim() == 1)))
 
 
+_AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+def _autocasting(a) -> torch.dtype | None:
+    """The dtype autocast gives ``F.linear`` and ``torch.matmul`` on A's device, or None."""
+    device = a.device.type
+    if device in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return None
+
+
+def _cast(t, dtype: torch.dtype):
+    # As autocast casts an op's inputs: floating tensors but fp64 ones.
+    return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype is not torch.float64 else t
+
+
 def _call(a, b, b_nk: bool, bias, out):
     if not _fits(a, b, bias):
         if out is None:
             return _reference(a, b, b_nk, bias)
         _reference_out(a, b, b_nk, bias, out)
         return out
+    dtype = _autocasting(a)
     if out is None:
+        if dtype is not None:  # cast before the op, so that its backward sees what its forward saw
+            a, b, bias = _cast(a, dtype), _cast(b, dtype), _cast(bias, dtype)
         return torch.ops.l2gen.mm(a, b, b_nk, bias)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias)):
-        _reference_out(a, b, b_nk, bias, out)  # torch's own refusal: out= has no autograd
+    if dtype is not None or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))):
+        _reference_out(a, b, b_nk, bias, out)  # torch's own call (and refusal: out= has no autograd)
         return out
     torch.ops.l2gen.mm_out(a, b, b_nk, bias, out)
     return out

@@ -212,3 +212,15 @@ def test_a_patched_model_trains_on_the_gpu(served):
     for p, q in zip(routed.parameters(), plain.parameters()):
         assert relerr(p.grad, q.grad) < 1e-2
     assert type(routed[0]) is torch.nn.Linear
+
+
+def test_fp32_activations_under_autocast_are_served(served):
+    launcher, shapes = served
+    shape, _ = shapes[BLayout.NK][0]
+    x, w, bias = operands(shape, seed=5)
+    before = launcher.launches[BLayout.NK]
+    with torch.autocast("cuda", dtype=torch.float16):
+        y = linear(x.float(), w, bias.float())
+    torch.cuda.synchronize()
+    assert y.dtype is torch.float16 and launcher.launches[BLayout.NK] == before + 1
+    assert relerr(y, x.float() @ w.float().t() + bias.float()) < 2 * MAX_RELERR

@@ -184,6 +184,28 @@ def test_gradients_match_torchs(dtype):
         assert [u.shape for u in g] == [t.shape for t in args] and all(u.dtype is dtype for u in g)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_under_autocast_the_op_casts_as_torch_does_and_still_differentiates(dtype):
+    torch._dynamo.reset()
+    x, w, bias = randn(2, 8, 64, dtype=torch.float32), randn(32, 64), randn(32, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=dtype):
+        for ours, theirs, args in [
+            (lambda x, w, c: linear(x, w, c), lambda x, w, c: F.linear(x, w, c), (x, w, bias)),
+            (lambda x, w: mm(x, w.t()), lambda x, w: torch.matmul(x, w.t()), (x, w)),
+        ]:
+            y, g = grads_of(ours, *args)
+            y_ref, g_ref = grads_of(theirs, *args)
+            assert y.dtype is dtype and torch.equal(y, y_ref)
+            assert [u.dtype for u in g] == [t.dtype for t in args] and all(close(u, v) for u, v in zip(g, g_ref))
+        compiled = torch.compile(lambda x, w, c: linear(x, w, c), fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(x, w, bias), F.linear(x, w, bias))
+        with pytest.raises(RuntimeError) as ours:  # out= under autocast: torch's own call, and its refusal
+            mm(x, w.t(), out=torch.empty(2, 8, 32))
+        with pytest.raises(RuntimeError) as theirs:
+            torch.matmul(x, w.t(), out=torch.empty(2, 8, 32))
+        assert str(ours.value) == str(theirs.value)
+
+
 # -- the served path (dispatchers with a CPU launcher) -----------------------------------
 
 
@@ -247,6 +269,14 @@ def test_a_compiled_function_serves_through_the_op(served_on_cpu):
     compiled = torch.compile(lambda x, w, c: linear(x, w, c).relu(), fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x, w, bias), (torch.matmul(x, w.t()) + bias).relu())
     assert len(served_on_cpu.launches) == 1
+
+
+def test_fp32_activations_under_fp16_autocast_are_served(served_on_cpu):
+    x, w = randn(64, 512, dtype=torch.float32), randn(256, 512)
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = linear(x, w)
+    assert y.dtype is torch.float16 and torch.equal(y, torch.matmul(x.half(), w.t()))
+    assert [l["mnk"] for l in served_on_cpu.launches] == [(64, 256, 512)]
 
 
 def test_the_op_serves_nothing_that_is_not_on_a_served_device(served_on_cpu, monkeypatch):
