@@ -184,6 +184,20 @@ def test_gradients_match_torchs(dtype):
         assert [u.shape for u in g] == [t.shape for t in args] and all(u.dtype is dtype for u in g)
 
 
+@pytest.mark.parametrize("nk", [False, True])
+def test_only_the_gradients_asked_for_are_computed(nk):
+    x = randn(6, 16, dtype=torch.float64, grad=True)
+    b = randn(*((8, 16) if nk else (16, 8)), dtype=torch.float64, grad=True)
+    frozen = b.detach()
+    y = torch.ops.l2gen.mm(x, frozen, nk, None)  # a frozen weight: the gradient of A alone
+    y.sum().backward()
+    assert torch.allclose(x.grad, torch.ones(6, 8, dtype=torch.float64) @ (frozen if nk else frozen.t()))
+    y = torch.ops.l2gen.mm(x.detach(), b, nk, None)  # activations without a gradient: B's alone
+    y.sum().backward()
+    ones = torch.ones(6, 8, dtype=torch.float64)
+    assert torch.allclose(b.grad, ones.t() @ x.detach() if nk else x.detach().t() @ ones)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_under_autocast_the_op_casts_as_torch_does_and_still_differentiates(dtype):
     torch._dynamo.reset()
