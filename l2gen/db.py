@@ -400,8 +400,8 @@ class KernelDB:
     def _best_sql(self, env: dict | None = None) -> str:
         return _BEST.replace("{rows}", self._rows if env is None else _env_rows(self._rows, env))
 
-    def _judged_sql(self) -> str:
-        return _JUDGED.replace("{rows}", self._rows)
+    def _judged_sql(self, env: dict | None = None) -> str:
+        return _JUDGED.replace("{rows}", self._rows if env is None else _env_rows(self._rows, env))
 
     # -- writing -------------------------------------------------------------------------
 
@@ -515,25 +515,28 @@ class KernelDB:
         """(program, speedup, time_us) of the fastest verified program for a shape, or
         None. ``b_layout`` restricts it to programs for that operand layout; ``l2`` names
         the L2 protocol whose measurements count (None: the database's own)."""
-        rows = self._query(
-            f"WITH best AS ({self._best_sql()}) SELECT program_text, speedup, time_us FROM best WHERE gpu = ? AND l2 = ? AND m = ? AND n = ? AND k = ? ORDER BY speedup DESC",
-            (_gpu_name(gpu), self._l2(l2), shape.m, shape.n, shape.k),
-        )
-        for text, speedup, time_us in rows:
-            m = self._measurement(shape, text, "ok", time_us, None, None, None)
-            if m is not None and (b_layout is None or m.program.b_layout is b_layout):
-                return m.program, float(speedup), float(time_us)
-        return None
+        return self._bests(gpu, b_layout, l2, None, shape).get(shape)
 
     def best_all(self, gpu: Gpu | str, *, b_layout: BLayout | None = None, l2: str | None = None, env: dict | None = None) -> dict[Shape, tuple[Program, float, float]]:
         """The best (program, speedup, time_us) of every shape measured on a GPU under an
-        L2 protocol (None: the database's own). ``env`` (what a dispatcher serves): only
-        rows that were measured, not simulated, and whose recorded environment has each
-        of its key: value pairs (e.g. ``{"nvcc": "13.0.88"}``) count."""
+        L2 protocol (None: the database's own). ``b_layout`` restricts each shape's best to
+        programs for that operand layout. ``env`` (what a dispatcher serves): only rows that
+        were measured, not simulated, and whose recorded environment has each of its key:
+        value pairs (e.g. ``{"nvcc": "13.0.88"}``) count."""
+        return self._bests(gpu, b_layout, l2, env, None)
+
+    def _bests(self, gpu: Gpu | str, b_layout: BLayout | None, l2: str | None, env: dict | None, shape: Shape | None) -> dict:
+        # The best view keeps one program per (shape, arch) whatever its B layout, so a
+        # layout's best can hide behind another layout's; a lookup for one layout ranks
+        # the judged programs of that layout instead (the same judgement, the same order).
+        rows = self._best_sql(env) if b_layout is None else self._judged_sql(env) + " SELECT * FROM judged"
+        where, args = "gpu = ? AND l2 = ?", (_gpu_name(gpu), self._l2(l2))
+        if shape is not None:
+            where, args = where + " AND m = ? AND n = ? AND k = ?", args + (shape.m, shape.n, shape.k)
+        found = self._query(f"WITH best AS ({rows}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE {where} "
+                            "ORDER BY m, n, k, speedup DESC, id ASC", args)
         out: dict[Shape, tuple[Program, float, float]] = {}
-        rows = self._query(f"WITH best AS ({self._best_sql(env)}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE gpu = ? AND l2 = ? "
-                           "ORDER BY m, n, k, speedup DESC", (_gpu_name(gpu), self._l2(l2)))
-        for m, n, k, text, speedup, time_us in rows:
+        for m, n, k, text, speedup, time_us in found:
             shape = Shape(m, n, k)
             if shape in out:
                 continue

@@ -1,7 +1,10 @@
 """Dispatch: serve ``C = A @ B`` with the best tuned kernel for the shape, else cuBLAS.
 
+A dispatcher serves one layout of B (``b_layout``): ``kn``, B stored K x N (``a @ b``,
+what ``l2gen.matmul`` serves), or ``nk``, B stored N x K (``a @ w.T``, an ``nn.Linear``
+weight, launched with ldb = K: no copy), from the programs built for that layout.
 For a call with shape (M, N, K) the dispatcher looks up, once per shape, the best
-program the kernel database holds for the exact shape on this GPU; failing that, one
+program of its layout the kernel database holds for the exact shape on this GPU; failing that, one
 tuned for a *nearby* shape (same bucket of rounded log2 sizes; every program serves any
 M, and N and K multiples of 8); failing that, or where cuBLAS measured faster, it calls
 ``torch.matmul``. Libraries are built and loaded once per program, workspaces allocated
@@ -10,7 +13,7 @@ flight at once), so the per-call cost is a dict lookup, a few checks and the lau
 torch's current stream (no sync and no allocation: safe inside CUDA graph capture; a
 stream first seen while capturing gets a workspace of its own for that call, from the
 graph's pool). Only rows measured on this GPU, under the trusted protocol and with this
-process's toolchain (nvcc version) are served; simulated rows never are. A call whose B has a shape (K, N) that
+process's toolchain (nvcc version) are served; simulated rows never are. A call whose B has a shape that
 no M is served for goes to ``torch.matmul`` after one set lookup, without reading A's shape.
 
 The database is read when a dispatcher is made: if nothing in it beats cuBLAS on this GPU
@@ -97,13 +100,15 @@ class Launcher(Protocol):
 
     def eligible(self, a: Any, b: Any, out: Any) -> bool:
         """Whether the operands are what the kernels take (fp16, 2-D, row-major,
-        contiguous, 16-byte aligned, one device)."""
+        contiguous, 16-byte aligned, one device). The dispatcher checks the shapes."""
 
     def empty(self, like: Any, m: int, n: int) -> Any:
         """An uninitialized M x N output like ``like``."""
 
-    def launch(self, kernel: Any, a: Any, b: Any, out: Any, m: int, n: int, k: int, knobs: Knobs, workspace: Any) -> int:
-        """Enqueue the kernel on the current stream; return its status code (0 = ok)."""
+    def launch(self, kernel: Any, a: Any, b: Any, out: Any, m: int, n: int, k: int, ldb: int, knobs: Knobs, workspace: Any) -> int:
+        """Enqueue the kernel on the current stream; return its status code (0 = ok).
+        ``ldb``: B's leading dimension, N for B stored K x N and K for B stored N x K
+        (A's is K and C's N)."""
 
     def capturing(self) -> bool:
         """Whether the current stream is capturing a CUDA graph (no checks then)."""
@@ -154,8 +159,10 @@ class Dispatcher:
     """A GEMM entry point over a kernel database (see the module docstring).
 
     ``db``: a :class:`KernelDB`, a path, or None (always the fallback). ``gpu``: the
-    device's record (None: always the fallback). ``fallback(a, b, out=None)``: the
-    reference GEMM (default ``torch.matmul``). ``verify``: check each shape's first
+    device's record (None: always the fallback). ``b_layout``: how B is stored, and so
+    which programs serve (:class:`~l2gen.ir.BLayout`; default K x N). ``fallback(a, b,
+    out=None)``: the reference GEMM for that layout (default ``torch.matmul``, and for
+    B stored N x K ``torch.matmul(a, b.mT)``). ``verify``: check each shape's first
     result against the fallback (skipped while a CUDA graph is being captured). ``l2``:
     the L2 protocol whose winners it serves (:func:`trusted_l2`). ``toolchain``: the
     environment a row must record to be served (default :func:`own_toolchain`: this
@@ -176,15 +183,18 @@ class Dispatcher:
         nearby: bool = True,
         l2: str | None = None,
         toolchain: dict | None = None,
+        b_layout: BLayout = BLayout.KN,
     ):
         self.gpu = gpu
+        self.b_layout = BLayout(b_layout)
+        self._nk = self.b_layout is BLayout.NK
         self.l2 = trusted_l2(l2)
         # The environment a row must have been measured in to be served (besides this GPU
         # and protocol): measured, not simulated, with this process's nvcc.
         self.toolchain = own_toolchain() if toolchain is None else dict(toolchain)
         self.verify = verify
         self.nearby = nearby
-        self._fallback = fallback or _torch_matmul()
+        self._fallback = fallback or (_torch_matmul_nt() if self._nk else _torch_matmul())
         self._launcher = launcher
         self._shapes: dict[tuple[int, int, int], Any] = {}
         self._kernels: dict[str, Any] = {}  # program key (knobs stripped) -> loaded kernel
@@ -211,10 +221,11 @@ class Dispatcher:
         # exact-shape winner, and the rounded log2 sizes (N, K) of every nearby candidate.
         self._winner_kn = {(s.k, s.n) for s, (_, sp, _) in self._recorded.items() if sp > MIN_SPEEDUP}
         self._nearby_nk = {bucket(s)[1:] for s, (_, sp, _) in self._recorded.items() if sp > MIN_SPEEDUP_NEARBY}
-        # B shapes (K, N) found to serve no M: call() sends them to the fallback on B's shape
-        # alone. Filled as shapes are first called; like ``_shapes`` it holds for the
-        # database read here and the ``nearby`` setting of those calls.
-        self._unserved_kn: set[tuple[int, int]] = set()
+        # B shapes found to serve no M, as B is stored ((K, N), or (N, K) for nk): call()
+        # sends them to the fallback on B's shape alone. Filled as shapes are first called;
+        # like ``_shapes`` it holds for the database read here and the ``nearby`` setting
+        # of those calls.
+        self._unserved_b: set[tuple[int, int]] = set()
         # Nothing plan() could serve, exactly or nearby: every call goes straight to the fallback.
         self._idle = not (self._winner_kn or self._nearby_nk)
         # What ``l2gen.matmul`` calls when this is its default dispatcher: the fallback
@@ -229,8 +240,8 @@ class Dispatcher:
             log.warning("l2gen: %s holds simulated rows (tune --simulate): it serves none of them", self.db.path)
             return {}
         if timed is None or timed == self.l2:
-            return self.db.best_all(gpu, b_layout=BLayout.KN, l2=self.l2, env=self.toolchain)
-        winners = sum(sp > MIN_SPEEDUP for _, sp, _ in self.db.best_all(gpu, b_layout=BLayout.KN, l2=timed).values())
+            return self.db.best_all(gpu, b_layout=self.b_layout, l2=self.l2, env=self.toolchain)
+        winners = sum(sp > MIN_SPEEDUP for _, sp, _ in self.db.best_all(gpu, b_layout=self.b_layout, l2=timed).values())
         say = log.warning if winners else log.info
         say("l2gen: %s was timed with l2=%s and this dispatcher trusts l2=%s: it serves none of its %d winners "
             "(set %s=%s to serve them)", self.db.path, timed, self.l2, winners, TRUST_ENV, timed)
@@ -285,7 +296,8 @@ class Dispatcher:
     # -- calls ---------------------------------------------------------------------------
 
     def __call__(self, a, b, out=None):
-        """C = A @ B for row-major fp16 A (M x K) and B (K x N); writes ``out`` if given."""
+        """C = A @ B for row-major fp16 A (M x K) and B (K x N; for ``b_layout`` nk, C = A
+        @ B.T for B stored N x K); writes ``out`` if given."""
         return self.call(a, b, out)
 
     def call(self, a, b, out=None):
@@ -298,50 +310,64 @@ class Dispatcher:
         # more host time than torch.matmul(a, b).
         if self._idle:
             return self._fallback(a, b) if out is None else self._fallback(a, b, out=out)
-        # Most calls that are not served have a B shape (K, N) that no M is served for:
-        # reject them on B's shape alone (a torch.Size hashes like a tuple), before reading
-        # A's shape, which costs as much again. A wrong K then gets the fallback's error.
-        kn = b.shape
-        if kn in self._unserved_kn:
-            return self._fallback(a, b) if out is None else self._fallback(a, b, out=out)
+        # Most calls that are not served have a B shape that no M is served for: reject
+        # them on B's shape alone (a torch.Size hashes like a tuple), before reading A's
+        # shape, which costs as much again. A wrong K then gets the fallback's error.
+        shape_b = b.shape
+        if shape_b not in self._unserved_b:
+            c = self._serve(a, b, shape_b, out)
+            if c is not None:
+                return c
+        return self._fallback(a, b) if out is None else self._fallback(a, b, out=out)
+
+    def serve(self, a, b, out=None):
+        """What :meth:`call` returns where a program serves the call; None where it would
+        call the fallback, which the caller then computes as it likes (a bias of its own
+        fused into torch's call, say). Raises as :meth:`call` does on mismatched K."""
+        if self._idle or b.shape in self._unserved_b:
+            return None
+        return self._serve(a, b, b.shape, out)
+
+    def _serve(self, a, b, shape_b, out):
         try:
             m, k = a.shape
-            k2, n = kn
+            if self._nk:
+                n, k2 = shape_b
+            else:
+                k2, n = shape_b
         except ValueError:  # not 2-D
-            return self._fallback(a, b, out=out)
+            return None
         state = self._shapes.get((m, n, k))
         if state is _FALLBACK:
-            return self._fallback(a, b) if out is None else self._fallback(a, b, out=out)
+            return None
         if k != k2:
-            raise ValueError(f"matmul: A is {m} x {k} but B is {k2} x {n}")
+            stored = f"{n} x {k2} (N x K)" if self._nk else f"{k2} x {n}"
+            raise ValueError(f"matmul: A is {m} x {k} but B is {stored}")
         if state is None and not self._serves_some_m(k, n):  # first call of this shape
             with self._lock:
-                self._unserved_kn.add((k, n))
-            return self._fallback(a, b, out=out)
+                self._unserved_b.add((n, k) if self._nk else (k, n))
+            return None
+        if out is not None and out.shape != (m, n):
+            return None
         launcher = self.launcher
         if not launcher.eligible(a, b, out):  # before any build: these operands never launch
-            return self._fallback(a, b, out=out)
+            return None
         if state is None:
             state = self._prepare(m, n, k, a)
             if state is _FALLBACK:
-                return self._fallback(a, b, out=out)
+                return None
         c = out if out is not None else launcher.empty(a, m, n)
         try:
             workspace = self._workspace(state, launcher, a)
-            rc = launcher.launch(state.kernel, a, b, c, m, n, k, state.knobs, workspace)
+            rc = launcher.launch(state.kernel, a, b, c, m, n, k, k if self._nk else n, state.knobs, workspace)
         except Exception as exc:
-            return self._give_up(m, n, k, f"launch raised {exc!r}", a, b, out)
+            return self._give_up(m, n, k, f"launch raised {exc!r}")
         if rc != 0:
-            return self._give_up(m, n, k, f"kernel returned status {rc}", a, b, out)
+            return self._give_up(m, n, k, f"kernel returned status {rc}")
         if not state.verified and self.verify and not launcher.capturing():
-            ref = self._fallback(a, b)
-            err = launcher.relerr(c, ref)
-            if not err <= MAX_RELERR:  # NaN fails too
-                self._give_up(m, n, k, f"first result disagrees with the fallback (relative error {err:.2e})", None, None, None)
-                if out is None:
-                    return ref
-                out[...] = ref
-                return out
+            err = launcher.relerr(c, self._fallback(a, b))
+            if not err <= MAX_RELERR:  # NaN fails too; the caller's fallback writes over c
+                return self._give_up(m, n, k, f"first result disagrees with the fallback (relative error {err:.2e})")
             state.verified = True
         return c
 
@@ -395,19 +421,17 @@ class Dispatcher:
                 state.workspaces[stream] = ws
         return ws
 
-    def _give_up(self, m: int, n: int, k: int, why: str, a, b, out):
+    def _give_up(self, m: int, n: int, k: int, why: str) -> None:
+        """Serve a shape with the fallback from now on, and say why (once)."""
         with self._lock:
             state = self._shapes.get((m, n, k))
             self._shapes[(m, n, k)] = _FALLBACK
         name = state.plan.program.name if isinstance(state, _Ready) else "?"
         log.warning("l2gen: %dx%dx%d: %s: %s; using the fallback for this shape from now on", m, n, k, name, why)
-        if a is None:
-            return None
-        return self._fallback(a, b, out=out)
 
     def served_by(self, m: int, n: int, k: int) -> str:
         """'fallback', 'unprepared', or the serving program's name (for logs and tests)."""
-        if self._idle or (k, n) in self._unserved_kn:
+        if self._idle or ((n, k) if self._nk else (k, n)) in self._unserved_b:
             return "fallback"
         state = self._shapes.get((m, n, k))
         if state is None:
@@ -429,6 +453,16 @@ def _torch_matmul() -> Callable:
 
         return missing
     return torch.matmul
+
+
+def _torch_matmul_nt() -> Callable:
+    """The fallback for B stored N x K: ``torch.matmul(a, b.mT)`` (a view of B, no copy)."""
+    matmul = _torch_matmul()
+
+    def matmul_nt(a, b, out=None):
+        return matmul(a, b.mT) if out is None else matmul(a, b.mT, out=out)
+
+    return matmul_nt
 
 
 # ---------------------------------------------------------------------------------------
@@ -477,16 +511,15 @@ class TorchLauncher:
         ok = ok and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
         if ok and out is not None:
             ok = out.dtype is f16 and out.device == a.device and out.is_contiguous() and out.data_ptr() % 16 == 0
-            ok = ok and tuple(out.shape) == (a.shape[0], b.shape[1])
         return bool(ok)
 
     def empty(self, like, m: int, n: int):
         return self.torch.empty((m, n), dtype=like.dtype, device=like.device)
 
-    def launch(self, kernel, a, b, out, m: int, n: int, k: int, knobs: Knobs, workspace) -> int:
+    def launch(self, kernel, a, b, out, m: int, n: int, k: int, ldb: int, knobs: Knobs, workspace) -> int:
         buf, nbytes = workspace
         stream = self.torch.cuda.current_stream(a.device).cuda_stream
-        return kernel.launch(a, b, out, m, n, k, k, n, n, knobs, buf, nbytes, stream, check=False)
+        return kernel.launch(a, b, out, m, n, k, k, ldb, n, knobs, buf, nbytes, stream, check=False)
 
     def capturing(self) -> bool:
         return bool(self.torch.cuda.is_current_stream_capturing())
@@ -530,47 +563,56 @@ def default_db_path(gpu: Gpu) -> Path | None:
     return None
 
 
-_dispatchers: dict = {}
+_dispatchers: dict = {}  # (database key, B layout) -> its dispatcher; key None: the default
 _dispatchers_lock = threading.Lock()
-_default_entry: Callable | None = None  # the default dispatcher's entry, once it exists
+_default_entry: Callable | None = None  # the default K x N dispatcher's entry, once it exists
 
 
 def _set_default(d: Dispatcher) -> None:
     global _default_entry
-    _dispatchers[None] = d
-    _default_entry = d.entry
+    _dispatchers[(None, d.b_layout)] = d
+    if d.b_layout is BLayout.KN:
+        _default_entry = d.entry
 
 
-def _new_dispatcher(db, l2: str | None = None) -> Dispatcher:
+def _new_dispatcher(db, l2: str | None = None, b_layout: BLayout = BLayout.KN) -> Dispatcher:
     """A dispatcher for this process's GPU over ``db`` (None: ``$L2GEN_DB`` or the shipped one)."""
     gpu = detect_gpu()
     source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
-    return Dispatcher(source, gpu, l2=l2)
+    return Dispatcher(source, gpu, l2=l2, b_layout=b_layout)
 
 
-def _dispatcher_for(db) -> Dispatcher:
-    key = db if db is None or isinstance(db, (str, Path)) else id(db)
+def _dispatcher_for(db, b_layout: BLayout = BLayout.KN) -> Dispatcher:
+    key = (db if db is None or isinstance(db, (str, Path)) else id(db), b_layout)
     d = _dispatchers.get(key)
     if d is None:
         with _dispatchers_lock:
             d = _dispatchers.get(key)
             if d is None:
-                d = _new_dispatcher(db)
-                if key is None:
+                d = _new_dispatcher(db, b_layout=b_layout)
+                if key[0] is None:
                     _set_default(d)
                 else:
                     _dispatchers[key] = d
     return d
 
 
+def dispatcher(db: KernelDB | str | Path | None = None, *, b_layout: BLayout = BLayout.KN) -> Dispatcher:
+    """The dispatcher that serves B stored as ``b_layout`` from ``db`` (None: the default
+    one, see :func:`use_db`), made on first use and kept."""
+    return _dispatcher_for(db, BLayout(b_layout))
+
+
 def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None) -> Dispatcher:
-    """Make ``l2gen.matmul``'s default dispatcher (the one used without ``db=``) serve from
-    ``db`` (None: ``$L2GEN_DB`` or the shipped database again) the winners timed under
-    ``l2`` (:func:`trusted_l2`); returns that dispatcher."""
-    d = _new_dispatcher(db, l2)
+    """Make the default dispatchers (those of ``l2gen.matmul`` without ``db=`` and of the
+    torch op, one per B layout) serve from ``db`` (None: ``$L2GEN_DB`` or the shipped
+    database again) the winners timed under ``l2`` (:func:`trusted_l2`); returns the one
+    for B stored K x N."""
+    made = {layout: _new_dispatcher(db, l2, layout) for layout in BLayout}
     with _dispatchers_lock:
-        _set_default(d)
-    return d
+        for d in made.values():
+            _set_default(d)
+    return made[BLayout.KN]
 
 
 def matmul(a, b, out=None, *, db: KernelDB | str | Path | None = None):

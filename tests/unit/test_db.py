@@ -67,6 +67,23 @@ def test_best_view_is_per_arch(db):
     assert rows == [("sm80", 30.0), ("sm90a", 18.0)]
 
 
+def test_a_layouts_best_is_not_hidden_by_the_other_layouts(db):
+    """The best view keeps one program per (shape, arch); asked for one B layout, the
+    database ranks that layout's programs, on one shape and on all."""
+    kn_fast, kn_slow = program(128, 128), program(128, 256)
+    nk_fast, nk_slow = program(128, 128, BLayout.NK), program(64, 128, BLayout.NK)
+    for p, t in ((kn_fast, 10.0), (kn_slow, 16.0), (nk_slow, 18.0), (nk_fast, 12.0)):
+        db.add(ok(p, t), H200, "tune", {"nvcc": "13.0"})
+    assert db.best(H200, SHAPE)[0] == kn_fast  # both layouts in one sm90a row of the view
+    assert db.best(H200, SHAPE, b_layout=BLayout.KN)[0] == kn_fast
+    assert db.best(H200, SHAPE, b_layout=BLayout.NK) == (nk_fast, pytest.approx(20 / 12), 12.0)
+    assert db.best_all(H200, b_layout=BLayout.NK) == {SHAPE: (nk_fast, pytest.approx(20 / 12), 12.0)}
+    assert db.best_all(H200, b_layout=BLayout.NK, env={"nvcc": "13.0"})[SHAPE][0] == nk_fast
+    assert db.best_all(H200, b_layout=BLayout.NK, env={"nvcc": "12.4"}) == {}
+    db.add(replace(ok(nk_fast, 30.0), status="wrong"), H200)  # once wrong: never its best
+    assert db.best(H200, SHAPE, b_layout=BLayout.NK)[0] == nk_slow
+
+
 def test_program_key_ignores_the_name(db):
     p = program()
     renamed = p.__class__(**{**p.__dict__, "name": "other_name"})

@@ -31,8 +31,14 @@ def numpy_matmul(a, b, out=None):
 STREAM = threading.local()
 
 
+def numpy_matmul_nt(a, b, out=None):
+    """The reference for B stored N x K."""
+    return numpy_matmul(a, b.T, out)
+
+
 class FakeLauncher:
-    """Runs the GEMM with numpy; can fail to load, return an error code, or be wrong."""
+    """Runs the GEMM with numpy, reading B as the loaded program's layout and the leading
+    dimension it is given say; can fail to load, return an error code, or be wrong."""
 
     def __init__(self, *, fail_load=False, rc=0, wrong=False, raises=False):
         self.fail_load, self.rc, self.wrong, self.raises = fail_load, rc, wrong, raises
@@ -44,7 +50,7 @@ class FakeLauncher:
         self.loads.append(program)
         if self.fail_load:
             raise RuntimeError("nvcc failed")
-        return ("kernel", program.name)
+        return ("kernel", program.name, program.b_layout)
 
     def workspace(self, kernel, m, n, k, knobs, like):
         self.workspaces.append((m, n, k, knobs))
@@ -60,13 +66,16 @@ class FakeLauncher:
     def empty(self, like, m, n):
         return np.empty((m, n), dtype=like.dtype)
 
-    def launch(self, kernel, a, b, out, m, n, k, knobs, workspace):
-        self.launches.append((kernel, m, n, k, knobs))
+    def launch(self, kernel, a, b, out, m, n, k, ldb, knobs, workspace):
+        self.launches.append((kernel, m, n, k, knobs, ldb))
         if self.raises:
             raise OSError("segfault-ish")
         if self.rc:
             return self.rc
-        out[...] = numpy_matmul(a, b)
+        # What the library does with B: ldb elements per row, K rows for kn, N rows for nk.
+        nk = kernel[2] is BLayout.NK
+        rows = b.reshape(-1)[: (n if nk else k) * ldb].reshape(-1, ldb)
+        out[...] = numpy_matmul(a, rows[:, :k].T if nk else rows[:, :n])
         if self.wrong:
             out[0, 0] += 1000
         return 0
@@ -102,7 +111,8 @@ def arrays(m, n, k, seed=0):
 
 
 def make(db, launcher, **kw):
-    return Dispatcher(db, H200, launcher=launcher, fallback=numpy_matmul, toolchain={}, **kw)
+    kw.setdefault("fallback", numpy_matmul_nt if kw.get("b_layout") is BLayout.NK else numpy_matmul)
+    return Dispatcher(db, H200, launcher=launcher, toolchain={}, **kw)
 
 
 def test_exact_shape_is_served_by_its_best_program(db):
@@ -243,7 +253,9 @@ def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
     d = dispatch.use_db(db)
     a, b = arrays(64, 256, 512)
     assert np.array_equal(dispatch.matmul(a, b), numpy_matmul(a, b))
-    assert dispatch._dispatchers == {None: d} and len(fake.launches) == 1
+    assert dispatch._dispatchers[(None, BLayout.KN)] is d and len(fake.launches) == 1
+    assert dispatch._dispatchers[(None, BLayout.NK)].b_layout is BLayout.NK  # the op's, from the same database
+    assert set(dispatch._dispatchers) == {(None, BLayout.KN), (None, BLayout.NK)}
     assert dispatch._default_entry == d.call  # a winner: calls go through the dispatcher
 
 
@@ -300,6 +312,70 @@ def test_l2gen_matmul_is_the_dispatch_function_itself():
         l2gen.nope  # noqa: B018
 
 
+# -- B stored N x K (a @ w.T) ---------------------------------------------------------
+
+
+def nk_program(bm=128, bn=128, **choices):
+    return assemble(Family.SM90, dict(bm=bm, bn=bn, bk=64, **choices), b_layout=BLayout.NK)
+
+
+def test_b_stored_n_by_k_is_served_by_nk_programs_with_ldb_k(db):
+    nk = nk_program(128, 64)
+    db.add(Measurement(Shape(64, 256, 512), nk, "ok", time_us=4.0, baseline_us=10.0), H200)  # beats the kn programs
+    fake = FakeLauncher()
+    d = make(db, fake, b_layout=BLayout.NK)
+    a, b = arrays(64, 256, 512)
+    w = np.ascontiguousarray(b.T)  # N x K, as an nn.Linear holds its weight
+    assert np.array_equal(d(a, w), numpy_matmul(a, b))
+    out = np.empty((64, 256), np.float16)
+    assert d(a, w, out=out) is out and np.array_equal(out, numpy_matmul(a, b))
+    assert d.served_by(64, 256, 512) == nk.name and fake.loads == [nk]
+    assert [(l[1:4], l[5]) for l in fake.launches] == [((64, 256, 512), 512)] * 2  # ldb = K
+    # nearby, and the square nk shape the fixture holds
+    a2, b2 = arrays(60, 248, 504)
+    assert np.array_equal(d(a2, np.ascontiguousarray(b2.T)), numpy_matmul(a2, b2)) and d.served_by(60, 248, 504) == nk.name
+    a3, b3 = arrays(32, 32, 32)
+    assert np.array_equal(d(a3, np.ascontiguousarray(b3.T)), numpy_matmul(a3, b3))
+    assert d.served_by(32, 32, 32) == nk_program().name and fake.launches[-1][5] == 32
+    # the K x N dispatcher over the same database serves the best kn program, with ldb = N
+    kn_fake = FakeLauncher()
+    kn = make(db, kn_fake)
+    assert np.array_equal(kn(a, b), numpy_matmul(a, b)) and kn.served_by(64, 256, 512) == program(128, 128).name
+    assert kn_fake.launches[0][5] == 256 and kn.plan(32, 32, 32) is None
+
+
+def test_an_nk_dispatcher_rejects_b_on_its_stored_shape(db):
+    fake = FakeLauncher()
+    d = make(db, fake, b_layout=BLayout.NK)
+    assert not d._idle  # the fixture's 32^3 nk winner
+    a, b = arrays(64, 256, 512)  # only kn programs were measured on 64x256x512
+    w = np.ascontiguousarray(b.T)
+    assert np.array_equal(d(a, w), numpy_matmul(a, b))
+    assert d._unserved_b == {(256, 512)} and d.served_by(64, 256, 512) == "fallback"
+    assert d.plan(64, 256, 512) is None and fake.launches == []
+    with pytest.raises(ValueError, match=r"A is 64 x 500 but B is 32 x 32 \(N x K\)"):
+        d(np.zeros((64, 500), np.float16), np.zeros((32, 32), np.float16))
+    a, b = arrays(32, 32, 32)
+    assert np.array_equal(d(a, np.asfortranarray(b.T)), numpy_matmul(a, b))  # not row-major: the fallback
+    assert np.array_equal(d(a, np.ascontiguousarray(b.T), out=np.empty((32, 32), np.float32)), numpy_matmul(a, b))
+    assert fake.launches == [] and d.served_by(32, 32, 32) == "unprepared"
+
+
+def test_an_out_of_another_shape_goes_to_the_fallback(db):
+    seen = []
+
+    def fallback(a, b, out=None):
+        seen.append(out)
+        return numpy_matmul(a, b)
+
+    fake = FakeLauncher()
+    d = Dispatcher(db, H200, launcher=fake, fallback=fallback, toolchain={})
+    a, b = arrays(64, 256, 512)
+    wrong = np.empty((64, 128), np.float16)
+    d(a, b, out=wrong)
+    assert seen == [wrong] and fake.launches == []  # the fallback decides what a wrong out means
+
+
 # -- the early reject on B's shape -------------------------------------------------------
 
 
@@ -327,7 +403,7 @@ def test_a_b_shape_that_serves_no_m_is_rejected_without_reading_a(db):
     d = Dispatcher(db, H200, launcher=fake, fallback=fallback, toolchain={})
     a, b = arrays(64, 128, 128)  # B 128 x 128: only 128^3 was measured, and cuBLAS won
     assert np.array_equal(d(a, b), numpy_matmul(a, b))
-    assert (128, 128) in d._unserved_kn and d.served_by(64, 128, 128) == "fallback"
+    assert (128, 128) in d._unserved_b and d.served_by(64, 128, 128) == "fallback"
     a = ShapeCounter(arrays(96, 128, 128)[0])  # any M now: A's shape is not read
     out = np.empty((96, 128), np.float16)
     assert d(a, b, out=out) is out and np.array_equal(out, numpy_matmul(a.array, b))
@@ -351,7 +427,7 @@ def test_a_b_shape_served_for_some_m_is_never_rejected(db):
         assert d.plan(m_no, n, k) is None and d.plan(m_yes, n, k) is not None
         a, b = arrays(m_no, n, k)
         assert np.array_equal(d(a, b), numpy_matmul(a, b))
-        assert (k, n) not in d._unserved_kn and d.served_by(m_no, n, k) == "fallback"
+        assert (k, n) not in d._unserved_b and d.served_by(m_no, n, k) == "fallback"
         a, b = arrays(m_yes, n, k)
         assert np.array_equal(d(a, b), numpy_matmul(a, b))
         assert d.served_by(m_yes, n, k) == name
@@ -384,7 +460,7 @@ def test_a_wrong_k_or_other_rank_still_goes_where_it_went(db):
         d(np.zeros((64, 512), np.float16), b)
     a, b = arrays(64, 256, 500)  # B 500 x 256 serves no M: rejected from now on
     d(a, b)
-    assert (500, 256) in d._unserved_kn
+    assert (500, 256) in d._unserved_b
     with pytest.raises(ValueError):  # the fallback's own error now
         d(np.zeros((64, 512), np.float16), b)
     # not 2-D: the fallback, B of a served shape or not
@@ -417,7 +493,7 @@ def test_calls_from_many_threads_agree_with_the_fallback(db):
     for t in threads:
         t.join()
     assert not bad
-    assert d._unserved_kn == {(128, 128), (8, 8), (500, 256)}
+    assert d._unserved_b == {(128, 128), (8, 8), (500, 256)}
     assert d.served_by(32, 256, 512) == "fallback" and d.served_by(60, 248, 504) == program(128, 128).name
     assert len(fake.loads) == 1 and {l[1:4] for l in fake.launches} == {(64, 256, 512), (60, 248, 504)}
 
@@ -479,9 +555,9 @@ def test_each_stream_gets_its_own_workspace_and_keeps_it(db):
     seen: dict = {}
 
     class Tracking(FakeLauncher):
-        def launch(self, kernel, a, b, out, m, n, k, knobs, workspace):
+        def launch(self, kernel, a, b, out, m, n, k, ldb, knobs, workspace):
             seen.setdefault(self.stream(a), set()).add(id(workspace))
-            return super().launch(kernel, a, b, out, m, n, k, knobs, workspace)
+            return super().launch(kernel, a, b, out, m, n, k, ldb, knobs, workspace)
 
     fake = Tracking()
     d = make(db, fake)

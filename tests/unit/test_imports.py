@@ -134,3 +134,24 @@ def test_the_serving_path_does_not_import_the_search():
         assert direct == [], f"{module} imports {direct}"
         reached = sorted(m for m in _reaches(graph, module) if m == "l2gen.search" or m.startswith("l2gen.search."))
         assert reached == [], f"{module} reaches {reached} through its imports"
+
+
+def test_import_l2gen_stays_light_and_works_without_torch():
+    """``import l2gen`` and ``l2gen.matmul`` import no torch (the torch op and
+    ``l2gen.patch`` do, on first use); without torch they still import, and the op's
+    modules say what is missing."""
+    import subprocess
+    import sys
+
+    light = "import sys, l2gen; l2gen.matmul; assert 'torch' not in sys.modules, 'torch imported'"
+    without = ("import sys; sys.modules['torch'] = None; import l2gen; l2gen.matmul\n"
+               "for name in ('patch', 'nn', 'torch_ops'):\n"
+               "    try:\n"
+               "        getattr(l2gen, name)\n"
+               "    except ImportError as exc:\n"
+               "        assert 'torch' in str(exc), exc\n"
+               "    else:\n"
+               "        raise AssertionError(name)\n")
+    for code in (light, without):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr

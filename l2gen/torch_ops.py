@@ -1,0 +1,207 @@
+"""l2gen inside PyTorch: the ``l2gen::mm`` custom op, its autograd, and its Python entries.
+
+Importing this module registers two operators with ``torch.library``:
+
+- ``l2gen::mm(Tensor a, Tensor b, bool b_nk, Tensor? bias) -> Tensor``: ``a @ B + bias``,
+  where B is ``b`` stored K x N, or (``b_nk``) ``b.T`` for ``b`` stored N x K, the layout
+  of an ``nn.Linear`` weight, read in place. ``a`` is (..., K); the result (..., N).
+- ``l2gen::mm_out(Tensor a, Tensor b, bool b_nk, Tensor? bias, Tensor(a!) out) -> ()``:
+  the same, written into ``out``.
+
+Both have fake implementations, so ``torch.compile(fullgraph=True)`` traces a call as one
+node with no graph break; neither synchronizes, so CUDA graphs capture them (call each
+shape once before the capture: the first call of a shape builds or loads its kernel).
+``l2gen::mm`` has a backward through torch (cuBLAS on the GPU). :func:`mm` and
+:func:`linear` are the entries to call.
+
+A call is served by the default dispatcher of B's layout (:func:`l2gen.dispatch.dispatcher`,
+:func:`l2gen.dispatch.use_db`) when its operands are fp16 CUDA tensors, B contiguous as
+stored, A contiguous where it has more than two dimensions (its leading dimensions are
+flattened into M, as a view) and the bias, if any, N values of A's dtype. Everything else,
+and every shape no program serves, is computed by torch as torch computes it:
+``torch.matmul(a, b)`` for B stored K x N, ``F.linear(a, b, bias)`` for B stored N x K
+and wherever a bias is given. A served result gets its bias added right after the GEMM
+(no program fuses one yet). Under autocast the entries cast their operands as autocast
+casts ``F.linear``'s, before the op: fp32 activations under CUDA fp16 autocast are served.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import dispatch
+from .ir import BLayout
+
+__all__ = ["linear", "mm"]
+
+# The devices whose tensors a dispatcher is asked to serve (l2gen's kernels run on CUDA
+# GPUs); any other tensor goes to torch without a lookup.
+SERVED_DEVICES = frozenset({"cuda"})
+
+_MM = "(Tensor a, Tensor b, bool b_nk, Tensor? bias) -> Tensor"
+_MM_OUT = "(Tensor a, Tensor b, bool b_nk, Tensor? bias, Tensor(a!) out) -> ()"
+
+
+def _reference(a, b, b_nk: bool, bias):
+    """What torch computes for a call: the result wherever no program serves it."""
+    if b_nk:
+        return F.linear(a, b, bias)
+    if bias is None:
+        return torch.matmul(a, b)
+    if b.dim() == 2:
+        return F.linear(a, b.t(), bias)  # one fused call, as for an nn.Linear
+    return torch.matmul(a, b) + bias
+
+
+def _reference_out(a, b, b_nk: bool, bias, out) -> None:
+    torch.matmul(a, b.mT if b_nk else b, out=out)
+    if bias is not None:
+        out.add_(bias)
+
+
+def _served(a, b, b_nk: bool, bias, out):
+    """The call's result from an l2gen kernel (written into ``out`` if given), or None
+    where torch computes it."""
+    if a.device.type not in SERVED_DEVICES or a.dim() < 1 or b.dim() != 2:
+        return None
+    k = a.shape[-1]
+    n, k_b = b.shape if b_nk else (b.shape[1], b.shape[0])
+    if k_b != k or k == 0:  # torch's error, or its empty result
+        return None
+    if bias is not None and (bias.shape != (n,) or bias.dtype != a.dtype or bias.device != a.device):
+        return None
+    lead = a.shape[:-1]
+    flat = a.dim() != 2
+    if flat:
+        if not a.is_contiguous():
+            return None
+        a = a.view(-1, k)
+    if out is not None:
+        if out.shape != lead + (n,) or not out.is_contiguous():
+            return None
+        out = out.view(-1, n)
+    c = dispatch.dispatcher(b_layout=BLayout.NK if b_nk else BLayout.KN).serve(a, b, out)
+    if c is None:
+        return None
+    if bias is not None:
+        c.add_(bias)
+    return c.view(lead + (n,)) if flat else c
+
+
+@torch.library.custom_op("l2gen::mm", mutates_args=(), schema=_MM)
+def _mm(a, b, b_nk, bias):
+    c = _served(a, b, b_nk, bias, None)
+    return _reference(a, b, b_nk, bias) if c is None else c
+
+
+@_mm.register_fake
+def _mm_fake(a, b, b_nk, bias):
+    # torch's own computation on fake tensors: its shapes, dtypes, strides and errors,
+    # which a served result shares (a fresh contiguous tensor).
+    return _reference(a, b, b_nk, bias)
+
+
+@torch.library.custom_op("l2gen::mm_out", mutates_args=("out",), schema=_MM_OUT)
+def _mm_out(a, b, b_nk, bias, out):
+    if _served(a, b, b_nk, bias, out) is None:
+        _reference_out(a, b, b_nk, bias, out)
+
+
+@_mm_out.register_fake
+def _mm_out_fake(a, b, b_nk, bias, out):
+    return None
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b, b_nk, _bias = inputs
+    ctx.b_nk = b_nk
+    need_a, need_b = ctx.needs_input_grad[:2]
+    ctx.save_for_backward(a if need_b else None, b if need_a else None)
+    ctx.a_shape = a.shape
+
+
+def _backward(ctx, grad):
+    """Gradients through torch, in the layouts the inputs are stored in: with B = b
+    (stored K x N) or b.T (stored N x K), grad_a = grad @ B.T, grad_b = a.T @ grad (its
+    transpose for N x K), grad_bias = grad summed over M; A's leading dimensions flattened."""
+    a, b = ctx.saved_tensors
+    need_a, need_b, _, need_bias = ctx.needs_input_grad[:4]
+    g = grad.reshape(-1, grad.shape[-1])
+    grad_a = grad_b = grad_bias = None
+    if need_a:
+        grad_a = (g @ b if ctx.b_nk else g @ b.t()).reshape(ctx.a_shape)
+    if need_b:
+        a2 = a.reshape(-1, a.shape[-1])
+        grad_b = g.t() @ a2 if ctx.b_nk else a2.t() @ g
+    if need_bias:
+        grad_bias = g.sum(0)
+    return grad_a, grad_b, None, grad_bias
+
+
+torch.library.register_autograd("l2gen::mm", _backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------
+# The entries.
+
+
+def _fits(a, b, bias) -> bool:
+    """Whether the op takes these operands (the rest go to torch as they are): tensors,
+    A of at least one dimension, a 2-D B, a 1-D bias (its gradient is a sum over M)."""
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() >= 1 and b.dim() == 2
+            and (bias is None or (isinstance(bias, torch.Tensor) and bias.dim() == 1)))
+
+
+_AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+def _autocasting(a) -> torch.dtype | None:
+    """The dtype autocast gives ``F.linear`` and ``torch.matmul`` on A's device, or None."""
+    device = a.device.type
+    if device in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return None
+
+
+def _cast(t, dtype: torch.dtype):
+    # As autocast casts an op's inputs: floating tensors but fp64 ones.
+    return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype is not torch.float64 else t
+
+
+def _call(a, b, b_nk: bool, bias, out):
+    if not _fits(a, b, bias):
+        if out is None:
+            return _reference(a, b, b_nk, bias)
+        _reference_out(a, b, b_nk, bias, out)
+        return out
+    dtype = _autocasting(a)
+    if out is None:
+        if dtype is not None:  # cast before the op, so that its backward sees what its forward saw
+            a, b, bias = _cast(a, dtype), _cast(b, dtype), _cast(bias, dtype)
+        return torch.ops.l2gen.mm(a, b, b_nk, bias)
+    if dtype is not None or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))):
+        _reference_out(a, b, b_nk, bias, out)  # torch's own call (and refusal: out= has no autograd)
+        return out
+    torch.ops.l2gen.mm_out(a, b, b_nk, bias, out)
+    return out
+
+
+def mm(a, b, *, bias=None, out=None):
+    """``a @ b`` (``+ bias``) by l2gen's kernel for the shape where one serves it, else by
+    torch (see the module docstring); differentiable, and traceable by torch.compile.
+
+    ``b`` is K x N: a row-major tensor, or the transpose of a row-major N x K one
+    (``w.t()``, an ``nn.Linear`` weight), which is served as it is stored, without a copy.
+    ``a`` is (..., K). ``bias``: N values added to every row. ``out``: written and returned
+    (as with ``torch.matmul(out=)``, not differentiable).
+    """
+    if isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_contiguous() and b.t().is_contiguous():
+        return _call(a, b.t(), True, bias, out)
+    return _call(a, b, False, bias, out)
+
+
+def linear(x, weight, bias=None, *, out=None):
+    """``F.linear(x, weight, bias)`` (``x @ weight.T + bias``, ``weight`` N x K) by l2gen's
+    kernel for the shape where one serves it, else by torch; as :func:`mm` otherwise."""
+    return _call(x, weight, True, bias, out)
