@@ -221,14 +221,13 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     t_epi = t.m * t.n * 2 / bw_sm / splits + 0.1
     if splits > 1 and cfg.split_k is SplitK.CLUSTER:
         t_epi += rows * cols * 4 * (splits - 1) / splits / (DSMEM_TBS * 1e6 / gpu.sms) + 0.3
-    elif splits > 1:  # atomic: every split adds its tile in L2, the last reads and zeroes it
-        t_epi += rows * cols * 4 * 3 / bw_sm + 0.4
+    elif splits > 1:
+        # atomic: every split adds its tile in L2 and takes a ticket; the last reads the sum
+        # back and zeroes it. The last CTA's chain of round trips, whatever the split count
+        # (per-block timeline at 1024x256x4096: 1.7-2.3 us for a 64x64 tile, 2.5-4 for
+        # 128x128; bench/results/README.md, "Inside a split").
+        t_epi += 1.0 + rows * cols * 4 * 2 / bw_sm
     compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
-    if splits > 1 and cfg.split_k is SplitK.ATOMIC:
-        # The splits of a tile add into the same addresses, which L2 serializes: each split
-        # costs a fixed latency plus its tile at a contended rate (both fit to the atomic
-        # rows of the H200 multicast sweep; bench/results/README.md, "Multicast clusters").
-        compute += splits * (1.3 + rows * cols * 4 / 5e4)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
 
 
