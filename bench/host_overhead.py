@@ -56,7 +56,10 @@ def winner_dispatcher(folder: Path) -> dispatch.Dispatcher:
 
     db = KernelDB(folder / "winner.db")
     program = assemble(Family.SM90, {"bm": 128, "bn": 128, "bk": 64})
-    db.add(Measurement(Shape(64, 256, 512), program, "ok", time_us=8.0, baseline_us=10.0), GPUS["h200"])
+    # Recorded with this process's toolchain: the dispatcher serves only rows built with
+    # the nvcc it builds with.
+    db.add(Measurement(Shape(64, 256, 512), program, "ok", time_us=8.0, baseline_us=10.0), GPUS["h200"],
+           "test", dispatch.own_toolchain())
     d = dispatch.Dispatcher(db, GPUS["h200"], launcher=_AcceptingLauncher())
     assert not d._idle
     dispatch._set_default(d)  # use_db would pick this machine's GPU: none on a CPU
