@@ -1,7 +1,8 @@
 """l2gen's own sm90a kernel, held to nvcc: a fixed set of programs covering swap-AB on both
 B layouts, the cluster split, cache hints and a wgmma width outside CuTe's base set builds,
 and (where cuobjdump is found) its machine code issues exactly one wgmma shape, the
-kernel tile's width, and spills nothing."""
+kernel tile's width, and spills nothing; the atomic split publishes its additions
+without a full fence; the timeline build (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
 
@@ -101,3 +102,51 @@ def test_multicast_cluster_loads_shared_tiles_once(built):
     sass = subprocess.run([tool, "-sass", str(result.library)], capture_output=True, text=True, env=env, check=True).stdout
     assert re.search(r"UTMALDG\.2D\.MULTICAST", sass), "no multicast TMA load"
     assert re.search(r"UTMALDG\.2D\s", sass), "no plain TMA load for the unshared operand"
+
+
+def test_atomic_split_publishes_without_a_full_fence(built):
+    """The atomic split publishes its additions with one acq_rel ticket after the consumer
+    barrier: no sequentially consistent fence (MEMBAR.SC) is left on the reduction's path,
+    and the ticket is one atomic."""
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump with nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    result = built["swap_kn_multicast"]
+    assert result.ok, result.error
+    env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
+    sass = subprocess.run([tool, "-sass", str(result.library)], capture_output=True, text=True, env=env, check=True).stdout
+    assert re.search(r"REDG\.E\.ADD\.F32x4", sass), "no vector fp32 reduction into the workspace"
+    assert not re.search(r"MEMBAR\.SC", sass), "a sequentially consistent fence on the reduction's path"
+    assert len(re.findall(r"\bATOMG\.E\.ADD", sass)) == 1, "the ticket is one atomic"
+
+
+def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
+    """bench/timeline.py's build (-DL2GEN_TRACE) exports the trace and marker entries and
+    reads %globaltimer; the plain build of the same program exports neither and reads no
+    timer, under another cache key."""
+    import dataclasses
+
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
+    plain = lower(program("kn_cluster"), H200)
+    traced = dataclasses.replace(plain, flags=(*plain.flags, "-DL2GEN_TRACE"))
+    results = build_many([plain, traced], jobs=2, timeout=900)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert results[0].library != results[1].library
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm to list the exported symbols")
+
+    def exports(lib) -> set[str]:
+        out = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+        return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+    entry = plain.entry
+    extra = {f"{entry}_trace", f"{entry}_trace_reset", f"{entry}_mark", f"{entry}_marks"}
+    assert extra <= exports(results[1].library)
+    assert not extra & exports(results[0].library)
+    tool = cuobjdump()
+    if tool is not None:
+        env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
+        sass = [subprocess.run([tool, "-sass", str(r.library)], capture_output=True, text=True, env=env, check=True).stdout
+                for r in results]
+        assert "GLOBALTIMER" not in sass[0] and "GLOBALTIMER" in sass[1]
