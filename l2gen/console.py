@@ -138,6 +138,7 @@ class RichReporter(Reporter):
     def say(self, line: str, *, ok: bool = True) -> None:
         from rich.text import Text
 
+        self.progress.refresh()  # the bars under the line as they are now, not as last drawn
         self.progress.console.print(Text(line, style=None if ok else "red"), highlight=False, soft_wrap=True)
 
     def bar(self, description: str, total: int | None = None, *, completed: int = 0) -> Bar:
