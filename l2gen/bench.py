@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
 from .baselines import BASELINES, ShimError, build_shim, cublas_best, result_key
+from .console import Reporter, as_reporter, build_line, build_progress
 from .ir import Program
 from .lower import build_program
 from .modes import GRAPH_REPLAYS, graph_calls_for
@@ -143,7 +144,7 @@ def bench(
     reps: int = 50,
     rounds: int = DEFAULT_ROUNDS,
     seeds: int = 3,
-    progress: Progress | None = stderr_progress,
+    progress: Progress | Reporter | None = stderr_progress,
     baselines: Sequence[str] = BASELINES,
     b_layout: str = "kn",
     jobs: int | None = None,
@@ -160,12 +161,14 @@ def bench(
     Each program is built from :func:`~l2gen.lower.build_program` (its knobs at
     their defaults) and launched with its own knobs, so knob variants share one library,
     the same one ``l2gen tune`` built. ``only`` maps a shape to the names of the programs
-    to run on it (all of them for a shape it does not name)."""
+    to run on it (all of them for a shape it does not name). ``progress`` takes the
+    run's lines, or is a :class:`~l2gen.console.Reporter` (bars on a terminal)."""
     from .build import build_many
     from .diagnostics import DiagnosticError
     from .lower import lower
 
-    say = progress or (lambda line: None)
+    report = as_reporter(progress)
+    say = report.say
     out_json = Path(out_json)
     names = [p.name for p in programs]
     if len(set(names)) != len(names):
@@ -185,10 +188,8 @@ def bench(
             fails[p.name] = ("build_error", f"lowering failed: {type(e).__name__}: {e}")
     say(f"[bench] building {len(sources)} program(s) for {gpu.name}")
 
-    def on_build(done, total, r):
-        state = "cached" if r.cached else ("ok" if r.ok else "FAILED")
-        say(f"[build] {done}/{total} {r.source.program.name}: {state} ({r.seconds:.0f} s)")
-
+    bar = report.bar("building", len({s.key for s in sources.values()}))
+    on_build = build_progress(bar, lambda done, total, r: build_line(r, done, total))
     built = {}
     for name, r in zip(sources, build_many(list(sources.values()), jobs=jobs,
                                            timeout=build_timeout, progress=on_build)):
@@ -196,6 +197,7 @@ def bench(
             built[name] = r
         else:
             fails[name] = ("build_error", f"{r.error}\n{r.command}".strip())
+    bar.done()
 
     wanted = list(baselines)
     shim, shim_error = None, None
@@ -228,6 +230,7 @@ def bench(
     try:
         floors = probe_floors(worker, gpu, protocol, shim=shim, probes=probes, reps=reps, say=say)
         results["floors"] = floors.to_dict()
+        bar = report.bar("measuring", len(shapes))
         for i, shape in enumerate(shapes, 1):
             here = [p for p in serving if only is None or shape not in only or p.name in only[shape]]
             candidates = [
@@ -236,8 +239,8 @@ def bench(
                  "knobs": knobs_to_dict(p.knobs)}
                 for p in here if p.name in built
             ]
-            say(f"[bench] {i}/{len(shapes)} {shape}: {len(candidates)} program(s), "
-                f"{len(wanted)} baseline(s)")
+            bar.event(f"[bench] {i}/{len(shapes)} {shape}: {len(candidates)} program(s), "
+                      f"{len(wanted)} baseline(s)", note=str(shape))
             here_protocol = shape_protocol(protocol, shape, gpu)
             shape_reps = reps_for(shape, gpu, reps)
             task = {"kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k,
@@ -265,10 +268,13 @@ def bench(
                                                    "time_us": None, "relerr": None}
                 rows.append(make_row(shape, p.name, texts[p.name], cand,
                                      cand.get("baselines", base), floors, baselines))
-                say(f"[bench]   {p.name}: {_row_brief(rows[-1])}")
+                bar.event(f"[bench]   {p.name}: {_row_brief(rows[-1])}", ok=rows[-1]["status"] == "ok")
             results["rows"] += rows
             results["shapes"].append(shape_summary(shape, rows, base, baselines))
             write_results(results, out_json)
+            best = results["shapes"][-1]["speedup_vs_best"]
+            bar.advance(note=f"{shape}: best {best:.2f}x cuBLAS-best" if best else f"{shape}: no program passed")
+        bar.done()
     finally:
         if own_worker:
             worker.close()

@@ -1,4 +1,4 @@
-"""The ``l2gen`` command line: check, fmt, compile, build, bench, tune, db.
+"""The ``l2gen`` command line; ``l2gen --help`` lists every command with a line on what it does.
 
 Exit codes: 0 ok, 1 diagnostics or a failed build/run, 2 usage. Every error names where it
 comes from; no command ends in a Python traceback on bad input.
@@ -125,6 +125,7 @@ def cmd_compile(args) -> int:
 
 def cmd_build(args) -> int:
     from .build import build_many
+    from .console import build_progress, reporter
     from .lower import build_program, lower
 
     from .check import check
@@ -145,11 +146,15 @@ def cmd_build(args) -> int:
     # the one bench, tune and the dispatcher share.
     sources = [lower(build_program(p), args.gpu) for _, p in programs]
 
-    def progress(done, total, result):
+    def line(done, total, result):
         state = "cached" if result.cached else ("ok" if result.ok else "FAILED")
-        eprint(f"[{done}/{total}] {result.source.program.name}: {state} ({result.seconds:.1f} s)")
+        return f"[{done}/{total}] {result.source.program.name}: {state} ({result.seconds:.1f} s)"
 
-    results = build_many(sources, jobs=args.jobs, timeout=args.timeout, progress=progress, force=args.force)
+    with reporter() as report:
+        bar = report.bar("building", len({s.key for s in sources}))
+        results = build_many(sources, jobs=args.jobs, timeout=args.timeout, progress=build_progress(bar, line), force=args.force)
+        failed = sum(not r.ok for r in results)
+        bar.done(f"built {len(results) - failed} of {len(results)}" + (f", {failed} FAILED" if failed else ""), ok=not failed)
     for (path, _), result in zip(programs, results):
         if result.ok:
             print(f"{path}: {result.library}")
@@ -169,7 +174,8 @@ def _gpu(name: str) -> Gpu:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="l2gen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="l2gen", description="Generate, verify and tune fp16 GEMM kernels from a small DSL.",
+                                     epilog="'l2gen COMMAND --help' shows a command's options.")
     parser.add_argument("--gpu", type=_gpu, default=GPUS[DEFAULT_GPU], help=f"target GPU ({', '.join(GPUS)}; default {DEFAULT_GPU})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -200,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_build)
 
     _add_late_commands(sub)
+    for action in sub._choices_actions:  # a command's own --help opens with its line from the list
+        command = sub.choices[action.dest]
+        command.description = command.description or action.help
     return parser
 
 

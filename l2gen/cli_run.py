@@ -104,6 +104,7 @@ SAMPLE_MAX = 100_000  # programs one sample run compiles at most
 
 
 def cmd_sample(args) -> int:
+    from .console import reporter
     from .sample import compile_sample, write_report
     from .toolchain import ToolchainError, detect_toolchain
 
@@ -118,7 +119,8 @@ def cmd_sample(args) -> int:
 
     def progress(done, total, result):
         state = "cached" if result.cached else ("ok" if result.ok else "FAILED: " + (result.error or ""))
-        eprint(f"[{done}/{total}] {result.source.program.name} {state} ({result.seconds:.0f} s)")
+        bar.advance(f"[{done}/{total}] {result.source.program.name} {state} ({result.seconds:.0f} s)", ok=result.ok,
+                    completed=done, total=total, note=result.source.program.name)
         if args.out:  # a tally on disk as results land, so a run cut short still leaves evidence
             partial.update(done=done, total=total)
             if not result.ok:
@@ -126,7 +128,10 @@ def cmd_sample(args) -> int:
                 partial["failures"].append({"program": result.source.program.name, "error": result.error})
             write_atomic(args.out + ".partial", json.dumps(partial, indent=1))
 
-    report = compile_sample(args.count, args.seed, args.gpu, jobs=args.jobs, bundle=args.bundle, timeout=args.timeout, progress=progress)
+    with reporter() as live:
+        bar = live.bar("compiling", args.count)
+        report = compile_sample(args.count, args.seed, args.gpu, jobs=args.jobs, bundle=args.bundle, timeout=args.timeout, progress=progress)
+        bar.done()
     if args.out:
         write_report(report, args.out)
     print(f"{report.count} programs: {report.built} built ({report.cached} cached), {report.failed} failed, {report.wall_seconds} s wall")
@@ -140,7 +145,8 @@ def cmd_sample(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import bench
-    from .report import format_table
+    from .console import reporter, show
+    from .report import table_blocks
     from .parse import parse_file
     from .probes import ProbeError
     from .runtime import device_count
@@ -171,11 +177,12 @@ def cmd_bench(args) -> int:
     out = Path(args.out)
     plot = None if args.no_plot else out.with_suffix(".png")
     try:
-        results = bench(programs, shapes, args.gpu, out_json=out, plot_png=plot, reps=args.reps, rounds=args.rounds, seeds=args.seeds,
-                        jobs=args.jobs, only=only, protocol=protocol, b_layout=b_layout)
+        with reporter() as report:
+            results = bench(programs, shapes, args.gpu, out_json=out, plot_png=plot, reps=args.reps, rounds=args.rounds,
+                            seeds=args.seeds, jobs=args.jobs, only=only, protocol=protocol, b_layout=b_layout, progress=report)
     except ProbeError as exc:
         raise fail("E-PROBES", f"cannot build the timing probes, without which nothing can be timed: {exc}") from None
-    print(format_table(results))
+    show(table_blocks(results))
     print(f"results: {out}" + (f", plot: {plot}" if plot and plot.exists() else ""))
     failed = [r for r in results["rows"] if r["status"] != "ok"]
     uncaptured = [r for r in failed if r["status"] == "capture_error"]
@@ -255,6 +262,7 @@ def cmd_bench_dispatch(args) -> int:
 
 def cmd_compare(args) -> int:
     from .compare import compare_db, compare_results
+    from .console import show
     from .protocol import Protocol, ProtocolError, ProtocolMismatch
 
     from .schema import read_results
@@ -287,7 +295,7 @@ def cmd_compare(args) -> int:
             comparison = compare_results(first, second, tolerance=args.tolerance, names=tuple(args.files))
     except ProtocolMismatch as exc:
         raise usage("E-PROTOCOL", str(exc)) from None
-    print(comparison.table(all_rows=args.all))
+    show(comparison.blocks(all_rows=args.all))
     if args.out:
         data = {"first": comparison.first, "second": comparison.second, "tolerance": comparison.tolerance,
                 "summary": comparison.summary(), "ok": comparison.ok,

@@ -66,6 +66,7 @@ def _evaluator(args):
 
 
 def cmd_tune(args, shapes_of) -> int:
+    from .console import reporter, show
     from .db import DEFAULT_DB, SIMULATED_DB, DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
     from .problem import unserved
     from .search.loop import TuneError, tune
@@ -94,8 +95,9 @@ def cmd_tune(args, shapes_of) -> int:
         raise fail("E-DB", str(exc)) from None
     evaluator = _evaluator(args)
     try:
-        with KernelDB(args.db) as db:
-            summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel)
+        with KernelDB(args.db) as db, reporter() as report:
+            summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel,
+                           progress=report)
     except DatabaseError as exc:
         raise fail("E-DB", f"{exc}; every measurement committed before it is kept") from None
     except (ValueError, TuneError) as exc:
@@ -105,7 +107,7 @@ def cmd_tune(args, shapes_of) -> int:
             raise
         eprint(f"[tune] the LLM policy stopped: {exc}; every measurement so far is in {args.db}")
         return EXIT_FAIL
-    print(summary.table())
+    show(summary.blocks())
     if hasattr(policy, "stats"):
         print("llm usage:", json.dumps(policy.stats.as_dict()))
     written = True

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .console import Columns, plain
 from .protocol import Protocol, require_comparable
 from .problem import Shape, program_key
 
@@ -80,16 +81,24 @@ class Comparison:
     def table(self, *, all_rows: bool = False) -> str:
         """The pairs that moved more than the tolerance (every pair with ``all_rows``),
         then one summary line per kind."""
+        return plain(self.blocks(all_rows=all_rows))
+
+    def blocks(self, *, all_rows: bool = False) -> list:
+        """:meth:`table`'s table and lines, as :func:`l2gen.console.show` prints them."""
         shown = self.pairs if all_rows else self.misses()
-        lines = []
+        lines: list = []
         if shown:
-            lines.append(f"{'shape':>20}  {'program':<32} {'first':>7} {'second':>7} {'change':>8}")
+            text = [f"{'shape':>20}  {'program':<32} {'first':>7} {'second':>7} {'change':>8}"]
+            rows = []
             for p in shown:
                 first = f"{p.first:.3f}" if p.first else "-"
                 second = f"{p.second:.3f}" if p.second else "-"
                 change = f"{100 * p.change:+.1f}%" if p.change is not None else "missing"
                 flag = "" if p.within(self.tolerance) else "  <--"
-                lines.append(f"{str(p.shape):>20}  {p.what:<32} {first:>7} {second:>7} {change:>8}{flag}")
+                text.append(f"{str(p.shape):>20}  {p.what:<32} {first:>7} {second:>7} {change:>8}{flag}")
+                rows.append([str(p.shape), p.what, first, second, change, flag.strip()])
+            lines.append(Columns(["shape", "program", "first", "second", "change", ""], rows, frozenset({1, 5}),
+                                 plain="\n".join(text)))
             lines.append("")
         for kind, s in self.summary().items():
             if not s["pairs"]:
@@ -100,7 +109,7 @@ class Comparison:
                      "baseline": "baseline x shape ratios to cuBLAS-best"}[kind]
             lines.append(f"{s['within']} of {s['pairs']} {label} within {100 * self.tolerance:.0f}%{worst}{missing}")
         lines.append(f"({self.first} -> {self.second})")
-        return "\n".join(lines)
+        return lines
 
 
 BASELINE_PREFIX = "baseline:"  # a Pair's ``what`` for a baseline's ratio to cuBLAS-best

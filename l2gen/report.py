@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .baselines import BASELINES, result_key
+from .console import Columns, plain
 from .protocol import Protocol
 
 # ---- the table and the plot -----------------------------------------------------------
@@ -20,6 +21,11 @@ def _fmt(x, spec: str, missing: str = "-") -> str:
 def format_table(results: dict) -> str:
     """The terminal table: a row per (shape, program) with time, TFLOP/s, % of the floor,
     speedup over each baseline and over cuBLAS-best, relerr; then the baselines' times."""
+    return plain(table_blocks(results))
+
+
+def table_blocks(results: dict) -> list:
+    """:func:`format_table`'s tables and lines, as :func:`l2gen.console.show` prints them."""
     names = _baseline_names(results)
     head = ["shape", "program", "status", "us", "TFLOP/s", "floor%"]
     head += [f"x{_SHORT.get(n, n)}" for n in names] + ["xbest", "relerr"]
@@ -34,7 +40,7 @@ def format_table(results: dict) -> str:
             line.append(_fmt(b / t if b and t else None, ".2f"))
         line += [_fmt(r["speedup_vs_best"], ".2f"), _fmt(r["relerr"], ".1e")]
         body.append(line)
-    out = [_columns(head, body, {0, 1, 2})]
+    out: list = [Columns(head, body, frozenset({0, 1, 2}))]
     failures = [r for r in results["rows"] if r["status"] != "ok" and r.get("error")]
     for r in failures:
         first = r["error"].strip().splitlines()[0] if r["error"].strip() else ""
@@ -48,11 +54,11 @@ def format_table(results: dict) -> str:
             line += [_fmt(s["cublas_best_us"], ".2f"), s["best_program"] or "-",
                      _fmt(s["speedup_vs_best"], ".2f")]
             brows.append(line)
-        out += ["", _columns(bhead, brows, {0, len(bhead) - 2})]
+        out += ["", Columns(bhead, brows, frozenset({0, len(bhead) - 2}))]
     if Protocol.of(results).mode == "server":
         out += ["", _server_table(results)]
     out += ["", _protocol_line(results)]
-    return "\n".join(out)
+    return out
 
 
 def _protocol_line(results: dict) -> str:
@@ -67,7 +73,7 @@ def _protocol_line(results: dict) -> str:
             + ("" if str(floors.get("peak_source", "")).startswith("measured") else f" (peak: {floors.get('peak_source')})"))
 
 
-def _server_table(results: dict) -> str:
+def _server_table(results: dict) -> "Columns | str":
     """Server mode: per program and baseline, event and wall time per call, median and mean."""
     head = ["shape", "runner", "calls", "event med", "event mean", "wall med", "wall mean"]
     body, seen = [], set()
@@ -81,7 +87,7 @@ def _server_table(results: dict) -> str:
             seen.add((shape, name))
             body.append([shape, name, str(f["calls"]), _fmt(f["event_median_us"], ".2f"), _fmt(f["event_mean_us"], ".2f"),
                          _fmt(f["wall_median_us"], ".2f"), _fmt(f["wall_mean_us"], ".2f")])
-    return _columns(head, body, {0, 1}) if body else "(no server-mode figures)"
+    return Columns(head, body, frozenset({0, 1})) if body else "(no server-mode figures)"
 
 
 def _baseline_names(results: dict) -> list[str]:
@@ -92,16 +98,6 @@ def _baseline_names(results: dict) -> list[str]:
             if name not in seen:
                 seen.append(name)
     return seen or list(BASELINES)
-
-
-def _columns(head: list[str], rows: list[list[str]], left: set[int]) -> str:
-    """Aligned columns: those in ``left`` (text) to the left, numbers to the right."""
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-
-    def line(cells):
-        return "  ".join(str(c).ljust(w) if i in left else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
 def plot_speedups(results: dict, path: Path | str) -> bool:

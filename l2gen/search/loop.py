@@ -7,7 +7,6 @@ counts it against the budget and goes on from there.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import Counter
@@ -15,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
+from ..console import Columns, Reporter, as_reporter
 from ..ir import Program
 from ..problem import Measurement, Shape, program_key, unserved
 from ..protocol import DEFAULT_L2
@@ -69,24 +69,22 @@ class TuneSummary:
 
     def table(self) -> str:
         """A plain-text table, one line per shape."""
+        return self.blocks()[0].text()
+
+    def blocks(self) -> list:
+        """:meth:`table` as :func:`l2gen.console.show` prints it (a rich table on a terminal)."""
         lines = [f"{'shape':>20}  {'measured':>8}  {'best':>7}  {'time_us':>9}  statuses"]
+        rows = []
         for r in self.results.values():
             best = f"{r.best_speedup:.3f}x" if r.best_speedup else "-"
             t = f"{r.best_time_us:.2f}" if r.best_time_us else "-"
             lines.append(f"{str(r.shape):>20}  {r.measured:>8}  {best:>7}  {t:>9}  {_counts(r.counts)}")
-        return "\n".join(lines)
+            rows.append([str(r.shape), str(r.measured), best, t, _counts(r.counts)])
+        return [Columns(["shape", "measured", "best", "time_us", "statuses"], rows, frozenset({4}), plain="\n".join(lines))]
 
 
 def _counts(counts: Counter) -> str:
     return " ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-
-
-def _reporter(progress) -> Callable[[str], None]:
-    if progress is None or progress is False:
-        return lambda line: None
-    if progress is True:
-        return lambda line: print(line, file=sys.stderr, flush=True)
-    return progress
 
 
 def tune(
@@ -98,7 +96,7 @@ def tune(
     budget: int,
     batch: int = 8,
     gpu: Gpu,
-    progress: bool | Callable[[str], None] | None = True,
+    progress: bool | Callable[[str], None] | Reporter | None = True,
     parallel: int = 1,
 ) -> TuneSummary:
     """Tune each shape until ``budget`` candidates are measured for it (across runs).
@@ -108,7 +106,8 @@ def tune(
     shown to the policy first), so rerunning an interrupted command resumes it. Rewards:
     log(speedup) for a verified program, :data:`REWARD_FAILED` for a build, launch or
     verification failure or a timeout, :data:`REWARD_REJECTED` for a checker rejection.
-    ``progress``: True prints a line per batch on stderr, a callable gets the lines.
+    ``progress``: True prints a line per batch on stderr, a callable gets the lines, a
+    :class:`~l2gen.console.Reporter` gets them and draws a bar per shape (its best so far).
     Ctrl-C ends the run cleanly (the summary says ``interrupted``).
 
     Every measurement is filed under the evaluator's L2 protocol (its ``l2``; default
@@ -148,18 +147,18 @@ def tune(
     if prime is not None:  # a policy that transfers between shapes starts from the database's bests
         prime(db.best_all(gpu, l2=l2))
     lock = threading.RLock()
-    report = _reporter(progress)
+    report = as_reporter(progress)
 
     def say(line: str) -> None:
         with lock:
-            report(line)
+            report.say(line)
 
     env = dict(getattr(evaluator, "env", None) or {})
     summary = TuneSummary(gpu.name, policy.name, budget)
     summary.results = {shape: ShapeResult(shape) for shape in shapes}
     start = time.monotonic()
     stop = threading.Event()
-    run = _ShapeRun(policy, evaluator, db, budget, batch, gpu, env, say, start, lock, stop)
+    run = _ShapeRun(policy, evaluator, db, budget, batch, gpu, env, say, start, lock, stop, report)
     say(f"[tune] {len(shapes)} shape(s) on {gpu.name}, policy {policy.name}, budget {budget} per shape, batch {batch}, "
         f"{parallel} at once, db {getattr(db, 'path', db)}")
     where = getattr(db, "path", "the database")
@@ -201,8 +200,9 @@ def _run_parallel(run: "_ShapeRun", summary: TuneSummary, parallel: int, stop: t
 class _ShapeRun:
     """Tunes one shape (a thread's whole job when shapes run in parallel)."""
 
-    def __init__(self, policy: Policy, evaluator: Evaluator, db, budget: int, batch: int, gpu: Gpu, env: dict, say, start: float, lock, stop: threading.Event):
-        self.policy, self.evaluator, self.db = policy, evaluator, db
+    def __init__(self, policy: Policy, evaluator: Evaluator, db, budget: int, batch: int, gpu: Gpu, env: dict, say, start: float, lock,
+                 stop: threading.Event, report: Reporter):
+        self.policy, self.evaluator, self.db, self.report = policy, evaluator, db, report
         self.l2 = getattr(evaluator, "l2", DEFAULT_L2)
         self.budget, self.batch, self.gpu, self.env = budget, batch, gpu, env
         self.say, self.start, self.lock, self.stop = say, start, lock, stop
@@ -232,6 +232,19 @@ class _ShapeRun:
                 policy.update(shape, [(Proposal(m.program, "from the database", {"kind": "history"}), m) for m in chunk])
         if history:
             say(f"[tune] {shape}: resuming with {len(history)} measurement(s) from the database")
+        bar = self.report.bar(str(shape), budget, completed=min(len(history), budget))
+        bar.event(note=self._best(result))
+        self._batches(shape, result, history, bar)  # (an error or a stop leaves the bar on screen, marked by the reporter)
+        if len(history) >= budget or result.note:
+            bar.done(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  {self._best(result)}  "
+                     f"{result.note or _counts(result.counts)}")
+
+    @staticmethod
+    def _best(result: ShapeResult) -> str:
+        return f"best {result.best_speedup:.3f}x" if result.best_speedup else "best -"
+
+    def _batches(self, shape: Shape, result: ShapeResult, history: list, bar) -> None:
+        policy, db, gpu, batch, budget, say, lock = self.policy, self.db, self.gpu, self.batch, self.budget, self.say, self.lock
         seen = {program_key(m.program) for m in history}
         stalls = 0
         while len(history) < budget and not self.stop.is_set():
@@ -291,7 +304,9 @@ class _ShapeRun:
             with lock:
                 policy.update(shape, [(fresh[i], landed[i]) for i in range(len(fresh))])
                 if result.dropped:  # another run is tuning this shape too: go on from what is stored
-                    history = list(db.history(gpu, shape, l2=self.l2))
+                    history[:] = db.history(gpu, shape, l2=self.l2)
                     seen |= {program_key(m.program) for m in history}
             best = f"{result.best_speedup:.3f}x" if result.best_speedup else "-"
-            say(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  best {best:>7}  {_counts(result.counts)}  ({time.monotonic() - self.start:.1f} s)")
+            with lock:
+                bar.advance(f"[tune] {str(shape):>18} {len(history):>4}/{budget}  best {best:>7}  {_counts(result.counts)}  "
+                            f"({time.monotonic() - self.start:.1f} s)", completed=min(len(history), budget), note=self._best(result))
