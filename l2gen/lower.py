@@ -13,7 +13,8 @@ from pathlib import Path
 
 import jinja2
 
-from .check import check, l2gen_operands
+from .check import check
+from .limits import l2gen_operands
 from .diagnostics import DiagnosticError, errors
 from .ir import Family, Knobs, Program, Sm90L2genConfig
 from .printer import format_program

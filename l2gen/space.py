@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from . import check as rules
+from . import limits
 from .check import is_valid
 from .ir import (
     BLayout,
@@ -45,9 +45,9 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 SLOTS: dict[Family, tuple[Slot, ...]] = {
     Family.SM80: (
-        Slot("bm", rules.SM80_TILE_M),
-        Slot("bn", rules.SM80_TILE_N),
-        Slot("bk", rules.SM80_TILE_K),
+        Slot("bm", limits.SM80_TILE_M),
+        Slot("bn", limits.SM80_TILE_N),
+        Slot("bk", limits.SM80_TILE_K),
         Slot("warps", ((1, 1), (1, 2), (2, 1), (2, 2), (1, 4), (4, 1), (2, 4), (4, 2))),
         Slot("stages", (2, 3, 4, 5, 6)),
         Slot("smem_swizzle_b", (1, 2, 3)),
@@ -59,7 +59,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("splits", SPLITS, runtime=True),
     ),
     Family.SM90: (
-        Slot("bm", rules.SM90_TILE_M),
+        Slot("bm", limits.SM90_TILE_M),
         Slot("bn", (64, 128, 192, 256)),
         Slot("bk", (32, 64, 128)),
         Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2))),
@@ -75,7 +75,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
     Family.SM90_L2GEN: (
         Slot("bm", (16, 32, 64, 128, 192, 256)),
         Slot("bn", (16, 32, 64, 128, 192, 256)),
-        Slot("bk", rules.L2GEN_TILE_K),
+        Slot("bk", limits.L2GEN_TILE_K),
         Slot("swap_ab", (False, True)),
         Slot("stages", (3, 4, 5, 6, 8)),
         Slot("split_k", (SplitK.NONE, SplitK.CLUSTER, SplitK.ATOMIC)),

@@ -8,7 +8,6 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from .. import check as rules
 from ..check import check
 from ..diagnostics import Diagnostic, DiagnosticError, errors
 from ..ir import Family, Program, Span
@@ -16,6 +15,7 @@ from ..parse import grammar_text, parse
 from ..printer import format_program
 from ..targets import Gpu
 from ..problem import Shape
+from ..rules import RULES, rules_for
 from .base import REWARD_FAILED, REWARD_REJECTED
 
 ANSWER_FILE = "answer.l2"  # the file name diagnostics of an answer carry
@@ -146,7 +146,7 @@ Decisions (omitted ones take the default in brackets):
   (compute C^T = B^T A^T: N along wgmma's 64-row side, M along its N; for small M) [off];
   stages N [4]; split_k none|cluster|atomic (cluster: the splits CTAs of a tile reduce through
   distributed shared memory, deterministic; atomic: they add into a workspace, arrival order;
-  both in one launch) [none]; hints none|stream (B evict-first, A evict-last in L2) [none];
+  both in one launch; more splits than ceil(K/BK) fail at run time) [none]; hints none|stream (B evict-first, A evict-last in L2) [none];
   cluster CM x CN x 1 (neighbouring output tiles load a shared tile of A (along N) or B (along
   M) once and multicast it: less L2-to-SM traffic) [1 x 1 x 1].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
@@ -165,48 +165,17 @@ REWARD = (
 )
 
 
+FAMILY_LABELS = {Family.SM80: "sm80", Family.SM90: "sm90a", Family.SM90_L2GEN: "sm90a impl l2gen"}
+EVERY_PROGRAM = "every program"
+
+
 def rules_text(gpu: Gpu) -> str:
-    """The checker's rules, stated from its own constants and the GPU's limits."""
-    r = rules
-    lines = [
-        f"sm80: BM in {_set(r.SM80_TILE_M)}, BN in {_set(r.SM80_TILE_N)}, BK in {_set(r.SM80_TILE_K)}; "
-        f"WM, WN in {_set(r.SM80_WARPS)}; threads = 32*WM*WN <= {r.SM80_MAX_THREADS}; "
-        "BM % (16*WM) == 0 and BN % (16*WN) == 0; BM*BK/8 and BN*BK/8 multiples of threads; "
-        f"BM*BN/threads <= {r.SM80_MAX_ACC_PER_THREAD}; stages {r.SM80_STAGES.start}..{r.SM80_STAGES.stop - 1}; "
-        "smem_swizzle B 3 3 with B in 0..3; "
-        f"shared memory max(stages*(BM+BN)*BK*2, BM*(BN+8)*2 if epilogue smem) <= {gpu.smem_per_block} B; "
-        f"min_blocks 1..4, min_blocks*threads <= 2048, min_blocks*smem <= {gpu.smem_per_sm} B; "
-        f"registers BM*BN/threads + 2*(4*BM/(16*WM) + 2*BN/(8*WN)) + 40 <= "
-        f"min(255, {gpu.regs_per_sm}/(min_blocks*threads)) - {r.SM80_REGISTER_MARGIN}; "
-        "splits > 1 needs split_k parallel.",
-    ]
-    if Family.SM90 in gpu.families():
-        lines.append(
-            f"sm90a: BM in {_set(r.SM90_TILE_M)}, BN a multiple of 16 in 16..256, "
-            f"BK in {_set(r.SM90_TILE_K)}; cluster CM x CN x 1 with CM, CN in {_set(r.SM90_CLUSTER)} "
-            f"and CM*CN <= {gpu.max_cluster}; cooperative needs BM 128 or 256; "
-            f"accumulators per thread BM*BN/256 (cooperative) or BM*BN/128 (ws, pingpong) <= {r.SM90_MAX_ACC_PER_THREAD}; "
-            f"stages auto or {r.SM90_STAGES.start}..{r.SM90_STAGES.stop - 1}; "
-            f"shared memory about stages*(BM+BN)*BK*2 + the epilogue's (up to 33 KB with tma) <= {gpu.smem_per_block} B, "
-            "and auto must leave room for 2 stages; scheduler stream_k needs mainloop cooperative; "
-            "splits > 1 and decomposition need scheduler stream_k."
-        )
-    if Family.SM90_L2GEN in gpu.families():
-        lines.append(
-            "sm90a impl l2gen: the kernel tile is BM x BN, or BN x BM with swap_ab on; its first side "
-            f"in {_set(r.L2GEN_ROWS)}, its second a multiple of 8 in 8..256; BK in {_set(r.L2GEN_TILE_K)}; "
-            "b kn with swap_ab off needs BN a multiple of 64; "
-            f"stages {r.L2GEN_STAGES.start}..{r.L2GEN_STAGES.stop - 1}; shared memory max(stages*(BM+BN)*BK*2, "
-            f"BM*(BN+8)*2 + (BM*BN*4 with split_k cluster)) + 16*stages + 1040 <= {gpu.smem_per_block} B; "
-            f"splits > 1 needs split_k cluster (at most {r.L2GEN_MAX_SPLITS}) or atomic; more splits than ceil(K/BK) fail at run time; "
-            f"cluster CM x CN x 1 with CM, CN in {_set(r.SM90_CLUSTER)}, CM*CN <= {r.L2GEN_MAX_CLUSTER}, not with split_k cluster; "
-            "a CTA loads 1/CN of its A box and 1/CM of its B box (boxes: the tile's rows by 64 when K-major, BK by 64 when N-major; "
-            "with swap_ab A and B trade places), and each piece must be a multiple of 8 rows."
-        )
-    else:
-        lines.append(f"sm90a does not run on {gpu.name}: use arch sm80.")
-    lines.append(f"Knobs: swizzle 0..{r.MAX_SWIZZLE_LOG2}; splits 1..{r.MAX_SPLITS}.")
-    return "\n".join("- " + line for line in lines)
+    """The checker's rules (:data:`l2gen.rules.RULES`) for the families ``gpu`` runs, one
+    line per family, each rule's statement filled in with the limits and the GPU's figures."""
+    lines = [(EVERY_PROGRAM, [r for r in RULES if set(r.families) == set(Family)])]
+    for family in gpu.families():
+        lines.append((FAMILY_LABELS[family], [r for r in rules_for(family) if set(r.families) != set(Family)]))
+    return "\n".join(f"- {label}: " + "; ".join(r.state(gpu) for r in group) + "." for label, group in lines)
 
 
 def shape_facts(shape: Shape, gpu: Gpu) -> str:

@@ -12,7 +12,7 @@ import math
 import struct
 from typing import Sequence
 
-from ..check import l2gen_smem_bytes, sm80_smem_bytes, sm90_stages_and_smem
+from ..limits import l2gen_smem_bytes, sm80_smem_bytes, sm90_stages_and_smem
 from ..ir import (
     BLayout,
     Decomposition,

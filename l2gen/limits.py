@@ -1,0 +1,133 @@
+"""The templates' limits and the resources a kernel uses: the numbers the rules in
+:mod:`l2gen.rules` hold programs to, and the arithmetic of shared memory and registers
+that the rules, the search space and the simulator share. Device limits come from
+:mod:`l2gen.targets`; nothing here hard-codes a GPU.
+"""
+
+from __future__ import annotations
+
+from .ir import (
+    Mainloop,
+    Program,
+    Sm80Config,
+    Sm90Config,
+    Sm90Epilogue,
+    Sm90L2genConfig,
+    SplitK,
+)
+
+MAX_SPLITS = 64
+MAX_SWIZZLE_LOG2 = 3
+
+# sm80 family (templates/sm80_gemm.cu.j2)
+SM80_TILE_M = (16, 32, 64, 128, 256)
+SM80_TILE_N = (32, 64, 128, 256)
+SM80_TILE_K = (32, 64)
+SM80_WARPS = (1, 2, 4, 8)
+SM80_MAX_THREADS = 256
+SM80_STAGES = range(2, 9)
+SM80_MAX_ACC_PER_THREAD = 128  # fp32 accumulators per thread before registers spill
+SM80_REGISTER_MARGIN = 23  # headroom under the register cap that kept every sample spill-free
+
+# sm90 family (templates/sm90_gemm.cu.j2)
+SM90_TILE_M = (64, 128, 256)
+SM90_TILE_N = tuple(range(16, 257, 16))
+SM90_TILE_K = (32, 64, 128)
+SM90_CLUSTER = (1, 2, 4, 8)
+SM90_STAGES = range(2, 9)
+SM90_MAX_ACC_PER_THREAD = 208  # at 224 ptxas serializes wgmma (C7511/C7512) and spills
+
+# l2gen's own sm90a kernel (templates/sm90_l2gen_gemm.cu.j2), in its kernel coordinates:
+# rows along wgmma's M side (64 per consumer warpgroup), columns along its N.
+L2GEN_ROWS = (64, 128)
+L2GEN_COLS = tuple(range(8, 257, 8))
+L2GEN_TILE_K = (64, 128)
+L2GEN_STAGES = range(2, 9)
+L2GEN_MAX_SPLITS = 8  # the portable cluster size: the CTAs of one cluster split one tile
+L2GEN_MAX_CLUSTER = 8  # CTAs of one multicast cluster (the portable size)
+
+
+def sm80_smem_bytes(cfg: Sm80Config) -> int:
+    """Dynamic shared memory of an sm80 kernel: the pipeline, or the epilogue tile if larger
+    (the epilogue reuses the pipeline's buffer; its rows are padded by 8 halves)."""
+    pipeline = cfg.stages * (cfg.tile.m + cfg.tile.n) * cfg.tile.k * 2
+    epilogue = cfg.tile.m * (cfg.tile.n + 8) * 2 if cfg.epilogue.value == "smem" else 0
+    return max(pipeline, epilogue)
+
+
+def sm80_register_estimate(cfg: Sm80Config) -> int:
+    """Registers per thread: accumulators, double-buffered A/B fragments, addressing.
+
+    Calibrated on ``nvcc -Xptxas -v`` reports of the template (sm_80 and sm_90): every
+    sampled config with ``estimate <= cap - SM80_REGISTER_MARGIN`` compiled spill-free.
+    """
+    t, (wm, wn) = cfg.tile, cfg.warps
+    acc = t.m * t.n // cfg.threads
+    fragments = 2 * (4 * (t.m // (16 * wm)) + 2 * (t.n // (8 * wn)))
+    return acc + fragments + 40
+
+
+def _up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def sm90_stages_and_smem(cfg: Sm90Config, limit: int = 232448) -> tuple[int, int]:
+    """(stage count, shared memory bytes per CTA) of an sm90 kernel, exactly as CUTLASS
+    4.2 lays out its SharedStorage (derived from the template's builds; see the formula in
+    templates/sm90_gemm.cu.j2). With ``stages`` auto, CUTLASS carves out the epilogue and
+    fills ``limit`` with as many mainloop stages as fit."""
+    bm, bn, bk = cfg.tile.m, cfg.tile.n, cfg.tile.k
+    coop = cfg.mainloop is Mainloop.COOPERATIVE
+    if cfg.epilogue is Sm90Epilogue.TMA:
+        em = min(bm, 128 if coop else 64)
+        en = 32 if bn % 32 == 0 else 16
+        al = 512 if en == 32 else 256
+        tiles = (bm // em) * (bn // en)
+        epi_t = min(tiles, 2) * em * en * 2 + al
+        epi_p = 16 * min(tiles, 4)
+        epi_ss = _up(epi_t + epi_p, al)
+    else:
+        epi_t, epi_p, epi_ss, al = 1, 2, 1, 128
+    stages = cfg.stages or (limit - _up(epi_ss, 128)) // (_up(2 * bk * (bm + bn), 128) + 16)
+    main = stages * 2 * bk * (bm + bn)
+    align = max(128, al)
+    if cfg.mainloop is Mainloop.WS:
+        smem = _up(_up(max(main, epi_t), align) + 16 * stages + _up(epi_p, 16), align)
+    else:
+        barriers = 16 * stages + _up(epi_p, 16) + 32 + (32 if cfg.mainloop is Mainloop.PINGPONG else 0)
+        epilogue = epi_t if cfg.epilogue is Sm90Epilogue.TMA else 128
+        smem = _up(_up(barriers, align) + epilogue + main, align)
+    return stages, smem
+
+
+def l2gen_operands(program: Program) -> tuple[bool, bool]:
+    """(P is K-major, Q is K-major) of an sm90a l2gen program: A is always K-major, B is
+    K-major when stored N x K; swap_ab makes B the kernel's P operand and A its Q."""
+    b_kmajor = program.b_layout.value == "nk"
+    return (b_kmajor, True) if program.config.swap_ab else (True, b_kmajor)
+
+
+def l2gen_multicast_pieces(program: Program) -> list[tuple[str, int, int]]:
+    """(operand, outer extent of its TMA box, CTAs sharing the load) for A and B of an sm90a
+    l2gen program. A K-major box is 64 K-columns by the tile's rows; an MN-major one is 64
+    MN-columns by the K tile. A kernel operand shared by a cluster row or column is loaded
+    in that many pieces of the box's outer extent, each multicast to the CTAs sharing it."""
+    cfg = program.config
+    rows, cols = cfg.kernel_tile
+    crows, ccols = cfg.kernel_cluster
+    p_kmajor, q_kmajor = l2gen_operands(program)
+    p_name, q_name = ("B", "A") if cfg.swap_ab else ("A", "B")
+    return [
+        (p_name, rows if p_kmajor else cfg.tile.k, ccols),  # P: shared along the kernel's N
+        (q_name, cols if q_kmajor else cfg.tile.k, crows),  # Q: shared along its M
+    ]
+
+
+def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
+    """Dynamic shared memory of an sm90a l2gen kernel (the template's kSmemBytes)."""
+    rows, cols = cfg.kernel_tile
+    pipeline = cfg.stages * (rows + cols) * cfg.tile.k * 2
+    staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
+    reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
+    return max(pipeline, reduce + staging) + 16 * cfg.stages + 16 + 1024
+

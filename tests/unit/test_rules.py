@@ -1,0 +1,174 @@
+"""The checker's rules as data: every rule is enforced, every rule is stated in the LLM
+prompt, and the prompt states no rule the table does not hold."""
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from l2gen.check import check, violations
+from l2gen.ir import Family
+from l2gen.limits import SM80_TILE_K, SM80_TILE_M, SM80_TILE_N, SM80_WARPS
+from l2gen.parse import grammar_text, parse
+from l2gen.rules import BY_NAME, RULES, rules_for
+from l2gen.search.llm_prompt import EVERY_PROGRAM, FAMILY_LABELS, instructions, rules_text
+from l2gen.targets import GPUS
+
+H = GPUS["h200"]
+A = GPUS["a100"]
+MODES = ("text", "chat_grammar", "responses_grammar")
+
+
+def sm80(body: str) -> str:
+    return f"kernel k {{\n arch sm80\n {body}\n}}"
+
+
+def sm90(body: str) -> str:
+    return f"kernel k {{\n arch sm90a\n {body}\n}}"
+
+
+def l2(body: str) -> str:
+    return f"kernel k {{\n arch sm90a impl l2gen\n {body}\n}}"
+
+
+# rule name -> (a program that breaks that rule and no other, the target)
+BREAKS = {
+    "arch": (sm90("tile 128 x 128 x 64"), A),
+    "sm80.tile": (sm80("tile 100 x 128 x 32"), H),
+    "sm80.warps": (sm80("tile 128 x 128 x 32 warps 3 x 2"), H),
+    "sm80.threads": (sm80("tile 128 x 128 x 32 warps 4 x 4"), H),
+    "sm80.warp_rows": (sm80("tile 32 x 128 x 32 warps 4 x 1"), H),
+    "sm80.warp_cols": (sm80("tile 128 x 32 x 32 warps 1 x 4"), H),
+    "sm80.copy": (sm80("tile 16 x 64 x 32 warps 1 x 4"), H),
+    "sm80.accumulators": (sm80("tile 256 x 256 x 32 warps 2 x 2"), H),
+    "sm80.split_k": (sm80("tile 128 x 128 x 32 split_k atomic"), H),
+    "sm80.stages": (sm80("tile 128 x 128 x 32 stages 1"), H),
+    "sm80.smem_swizzle": (sm80("tile 128 x 128 x 32 smem_swizzle 3 2 3"), H),
+    "sm80.smem": (sm80("tile 128 x 128 x 64 warps 2 x 2 stages 8"), H),
+    "sm80.min_blocks": (sm80("tile 128 x 128 x 32 min_blocks 9"), H),
+    "sm80.occupancy_smem": (sm80("tile 128 x 128 x 64 stages 4 min_blocks 2"), H),
+    "sm80.registers": (sm80("tile 128 x 256 x 32 warps 2 x 4 min_blocks 2 stages 2"), H),
+    "sm80.splits": (sm80("tile 128 x 128 x 32 splits 4"), H),
+    "sm90.tile": (sm90("tile 96 x 128 x 64"), H),
+    "sm90.cluster": (sm90("tile 128 x 128 x 64 cluster 3 x 1 x 1"), H),
+    "sm90.cluster_k": (sm90("tile 128 x 128 x 64 cluster 1 x 1 x 2"), H),
+    "sm90.cluster_size": (sm90("tile 128 x 128 x 64 cluster 4 x 4 x 1"), H),
+    "sm90.cooperative": (sm90("tile 64 x 128 x 64 mainloop cooperative"), H),
+    "sm90.stream_k": (sm90("tile 128 x 128 x 64 mainloop pingpong scheduler stream_k"), H),
+    "sm90.accumulators": (sm90("tile 128 x 256 x 64 mainloop pingpong"), H),
+    "sm90.stages": (sm90("tile 128 x 128 x 64 stages 9"), H),
+    "sm90.room": (sm90("tile 256 x 192 x 128 mainloop cooperative"), H),
+    "sm90.smem": (sm90("tile 128 x 256 x 128 stages 7"), H),
+    "sm90.splits": (sm90("tile 128 x 128 x 64 splits 2"), H),
+    "sm90.decomposition": (sm90("tile 128 x 128 x 64 decomposition stream_k"), H),
+    "sm90.fixed_splits": (sm90("tile 128 x 128 x 64 scheduler stream_k splits 2 decomposition data_parallel"), H),
+    "l2gen.tile": (l2("tile 128 x 100 x 64 b nk"), H),
+    "l2gen.n_major": (l2("tile 64 x 32 x 64 b kn"), H),
+    "l2gen.split_k": (l2("tile 64 x 128 x 64 split_k parallel"), H),
+    "l2gen.cluster": (l2("tile 128 x 128 x 64 cluster 3 x 1 x 1"), H),
+    "l2gen.cluster_k": (l2("tile 128 x 128 x 64 cluster 2 x 1 x 2"), H),
+    "l2gen.cluster_size": (l2("tile 128 x 128 x 64 cluster 4 x 4 x 1"), H),
+    "l2gen.cluster_split_k": (l2("tile 128 x 128 x 64 split_k cluster cluster 2 x 1 x 1"), H),
+    "l2gen.multicast_pieces": (l2("tile 16 x 128 x 64 swap_ab on cluster 1 x 4 x 1"), H),
+    "l2gen.stages": (l2("tile 64 x 128 x 64 stages 9"), H),
+    "l2gen.smem": (l2("tile 128 x 256 x 128 stages 8"), H),
+    "l2gen.splits": (l2("tile 64 x 128 x 64 splits 2"), H),
+    "l2gen.cluster_splits": (l2("tile 64 x 128 x 64 split_k cluster splits 9"), H),
+    "knobs.swizzle": (sm80("tile 128 x 128 x 32 swizzle 5"), H),
+    "knobs.splits": (sm80("tile 128 x 128 x 32 split_k parallel splits 100"), H),
+}
+
+# Rules no program in the other rules' bounds breaks: a guard, proved below.
+UNREACHABLE = {
+    # Every sm80 stage is a power of two of at least 16 x 32 = 512 elements, a multiple of
+    # the largest swizzle period (64 << 3); the rule guards against wider tile ranges.
+    "sm80.swizzle_period",
+    # At most 256 threads (sm80.threads) times at most 4 blocks (sm80.min_blocks) is 1024.
+    "sm80.occupancy_threads",
+}
+
+
+def _program(name: str):
+    if name == "name":  # the grammar accepts identifiers only; the rule guards built programs
+        return replace(parse(sm80("tile 128 x 128 x 32")), name="not-an-identifier"), H
+    text, gpu = BREAKS[name]
+    return parse(text, "p.l2"), gpu
+
+
+def test_every_rule_has_a_case():
+    assert not set(BREAKS) & UNREACHABLE
+    covered = set(BREAKS) | UNREACHABLE | {"name"}
+    assert covered == set(BY_NAME), covered ^ set(BY_NAME)
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if r.name not in UNREACHABLE], ids=lambda r: r.name)
+def test_a_program_breaking_the_rule_gets_its_diagnostic(rule):
+    program, gpu = _program(rule.name)
+    found = violations(program, gpu)
+    assert {r.name for r, _ in found} == {rule.name}, [f"{r.name}: {d}" for r, d in found]
+    assert all(d.code == r.code for r, d in found)
+    assert all(any(d.span == program.span_of(x) for x in r.decisions) for r, d in found)  # at its decisions
+    assert [d for _, d in found] == check(program, gpu)
+
+
+def test_unreachable_rules_never_fire():
+    """Every sm80 tile, swizzle, warp grid and min_blocks the range rules allow."""
+    fired = set()
+    tiles = itertools.product(SM80_TILE_M, SM80_TILE_N, SM80_TILE_K, range(4))
+    for bm, bn, bk, b in tiles:
+        text = sm80(f"tile {bm} x {bn} x {bk} warps 1 x 1 smem_swizzle {b} 3 3")
+        fired |= {r.name for r, _ in violations(parse(text), H)}
+    for wm, wn, blocks in itertools.product(SM80_WARPS, SM80_WARPS, range(1, 5)):
+        text = sm80(f"tile 256 x 256 x 64 warps {wm} x {wn} min_blocks {blocks}")
+        fired |= {r.name for r, _ in violations(parse(text), H)}
+    assert not fired & UNREACHABLE
+
+
+def test_the_table_is_well_formed():
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names))
+    grammar = grammar_text()
+    for i, r in enumerate(RULES):
+        assert r.code.startswith("E-") and r.families and r.decisions
+        assert all(f'"{d}"' in grammar for d in r.decisions if d != "name"), r.decisions
+        earlier = {e.name: e for e in RULES[:i]}
+        for name in r.after:  # a rule waits only on earlier rules that run where it runs
+            assert name in earlier and set(r.families) <= set(earlier[name].families), (r.name, name)
+        for gpu in GPUS.values():
+            stated = r.state(gpu)
+            assert ";" not in stated and "{" not in stated.replace("in {", "") and not stated.endswith(".")
+
+
+def _rules_section(gpu, mode):
+    text = instructions(gpu, mode)
+    head = f"Rules the checker enforces on {gpu.name} (a program that breaks one is rejected unmeasured):\n"
+    assert head in text
+    return text.split(head, 1)[1].split("\n\n", 1)[0]
+
+
+@pytest.mark.parametrize("gpu", GPUS.values(), ids=lambda g: g.name)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_prompt_states_every_rule_of_the_families_the_gpu_runs(gpu, mode):
+    section = _rules_section(gpu, mode)
+    assert section == rules_text(gpu)
+    for family in gpu.families():
+        for r in rules_for(family):
+            assert r.state(gpu) in section, r.name
+
+
+@pytest.mark.parametrize("gpu", GPUS.values(), ids=lambda g: g.name)
+def test_the_prompt_states_no_rule_outside_the_table(gpu):
+    labels = {FAMILY_LABELS[f]: f for f in gpu.families()}
+    for line in _rules_section(gpu, "text").splitlines():
+        assert line.startswith("- ") and line.endswith("."), line
+        label, body = line[2:-1].split(": ", 1)
+        if label == EVERY_PROGRAM:
+            table = [r for r in RULES if set(r.families) == set(Family)]
+        else:
+            table = [r for r in rules_for(labels[label]) if set(r.families) != set(Family)]
+        assert body.split("; ") == [r.state(gpu) for r in table], label
+
+
+def test_a_family_the_gpu_does_not_run_is_not_stated():
+    section = rules_text(A)
+    assert "sm90a" not in section and f"arch sm80 (what {A.name} runs)" in section
