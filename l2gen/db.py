@@ -37,6 +37,7 @@ import shutil
 import sqlite3
 import subprocess
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -145,17 +146,36 @@ def _connect_ro(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _check_ours(path: Path) -> dict:
+def _set_wal(conn: sqlite3.Connection, wait: float = 30.0) -> None:
+    """Put the database in WAL mode. Switching needs the file to itself and SQLite answers
+    "locked" at once, not after its busy timeout, while another process opens or creates
+    it: retry until ``wait`` seconds have passed."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _check_ours(path: Path) -> dict | None:
     """Raise :class:`DatabaseError` unless ``path`` is an l2gen kernel database, looked at
     read-only: its ``meta`` table says ``format`` l2gen-kernel-db, or (written before the
     marker) it has l2gen's ``meta`` keys and a ``measurements`` table with l2gen's columns.
     Any other SQLite file (one with a ``meta`` table of its own too) is left untouched.
-    Returns its ``meta`` (format, schema_version, gpu) and the SQL of its ``best`` view."""
+    Returns its ``meta`` (format, schema_version, gpu) and the SQL of its ``best`` view;
+    None for an SQLite file with no schema at all (one another process has just created
+    and not yet given its tables: there is nothing in it to keep)."""
     try:
         conn = _connect_ro(path)
     except sqlite3.DatabaseError as exc:
         raise DatabaseError(f"{path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
     try:
+        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+            return None
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         view = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'view' AND name = 'best'").fetchone()
         meta = {}
@@ -241,8 +261,9 @@ class KernelDB:
         except OSError as exc:  # a name too long, a folder that cannot be searched
             raise DatabaseError(f"{str(self.path)[:200]}: cannot use this path: {exc.strerror or exc}") from None
         current = False
-        if existed:  # before anything writes to it (journal mode included): is it ours, and can we read it?
-            meta = _check_ours(self.path)
+        meta = _check_ours(self.path) if existed else None  # before anything writes to it: is it ours?
+        existed = meta is not None
+        if existed:
             version = meta.get("schema_version")
             if version is None or not version.isdigit() or int(version) > SCHEMA_VERSION:
                 raise DatabaseError(f"{self.path}: kernel database schema version {version} is not supported (this l2gen reads "
@@ -253,10 +274,13 @@ class KernelDB:
             if not readonly and not current:  # a new file, a migration, or a view to refresh
                 if existed and self._meta("schema_version") == "1":
                     self._migrate_v1(conn)
-                with conn:
-                    conn.executescript(_SCHEMA)
-                    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('format', ?)", (FORMAT,))
+                # One transaction: another process opening the file meanwhile sees no schema
+                # (a new file, which it may create too) or all of it with its marker, never
+                # tables without the marker (which would read as a foreign database).
+                conn.executescript(
+                    "BEGIN IMMEDIATE;\n" + _SCHEMA
+                    + f"INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');\n"
+                    + f"INSERT OR IGNORE INTO meta (key, value) VALUES ('format', '{FORMAT}');\nCOMMIT;\n")
             version = self._meta("schema_version")
             if version == "1":  # read-only: its rows were all timed after the written flush
                 self._rows = _ROWS_V1
@@ -291,7 +315,7 @@ class KernelDB:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=30, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
+            _set_wal(conn)
             conn.execute("PRAGMA busy_timeout=30000")
             conn.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a crash of the process
         self._local.conn = conn

@@ -416,3 +416,36 @@ def test_simulated_and_measured_rows_never_share_a_database(tmp_path):
         db.add(Measurement(Shape(64, 64, 64), assemble(Family.SM90, dict(bm=128, bn=128, bk=64)), "ok", time_us=1.0, baseline_us=2.0), "h200")
         with pytest.raises(EvidenceMismatchError):
             db.check_evidence("simulated")
+
+
+def _open_and_close(path, start, errors) -> None:
+    start.wait()  # every process ready: all open the new file at once
+    try:
+        with KernelDB(path):
+            pass
+    except Exception as exc:  # reported to the parent
+        errors.put(repr(exc))
+
+
+def test_processes_creating_one_new_database_at_once_all_open_it(tmp_path):
+    """The schema and its marker land in one transaction, and a file with no schema yet is
+    a new database: a process opening the file while another creates it never takes it
+    for a foreign one (before, about one trial in three of six processes did)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # l2gen already imported: the opens race
+    failures = []
+    for trial in range(20):
+        path = tmp_path / f"k{trial}.db"
+        errors, start = ctx.Queue(), ctx.Barrier(6)
+        procs = [ctx.Process(target=_open_and_close, args=(path, start, errors)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert all(p.exitcode == 0 for p in procs)
+        while not errors.empty():
+            failures.append(errors.get())
+        with KernelDB(path) as db:
+            assert db._meta("format") == "l2gen-kernel-db"
+    assert not failures, failures[:2]
