@@ -1,6 +1,6 @@
 """l2gen's own sm90a kernel, held to nvcc: a fixed set of programs covering swap-AB on both
 B layouts, the cluster split, cache hints and a wgmma width outside CuTe's base set builds,
-and (where cuobjdump is found) its machine code issues exactly one wgmma shape, the
+and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions
 without a full fence; the timeline build (bench/timeline.py) is a library of its own."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,8 @@ from l2gen.build import build_many
 from l2gen.lower import lower
 from l2gen.parse import parse
 from l2gen.targets import GPUS
-from l2gen.toolchain import _wheel_dirs
+from l2gen.sass import disassemble
+from l2gen.toolchain import ToolchainError, find_disassembler
 
 pytestmark = pytest.mark.nvcc
 
@@ -38,19 +38,14 @@ def program(name: str):
     return parse(f"kernel {name} {{\n arch sm90a\n impl l2gen\n {body}\n}}")
 
 
-def cuobjdump() -> str | None:
-    """cuobjdump from PATH or NVIDIA's wheels (nvidia-cuda-cuobjdump), with nvdisasm
-    beside it; None if it cannot disassemble here."""
-    found = shutil.which("cuobjdump")
-    if found is None:
-        for wheel in _wheel_dirs():
-            for candidate in (wheel / "cu13" / "bin" / "cuobjdump", wheel / "cuda_cuobjdump" / "bin" / "cuobjdump"):
-                if candidate.is_file():
-                    found = str(candidate)
-                    break
-    if found is None or not (shutil.which("nvdisasm") or (Path(found).parent / "nvdisasm").is_file()):
-        return None
-    return found
+def sass(library) -> str:
+    """The machine code of every kernel in ``library`` (:func:`l2gen.sass.disassemble`),
+    one instruction a line; skips the test where no cuobjdump with nvdisasm is found."""
+    try:
+        find_disassembler()
+    except ToolchainError:
+        pytest.skip("no cuobjdump with nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    return "\n".join(line for lines in disassemble(library).values() for line in lines)
 
 
 @pytest.fixture(scope="module")
@@ -78,46 +73,34 @@ def test_l2gen_program_builds(built, name):
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_l2gen_machine_code_has_one_wgmma_shape_and_no_spills(built, name):
-    tool = cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump with nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     result = built[name]
     assert result.ok, result.error
-    env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
-    sass = subprocess.run([tool, "-sass", str(result.library)], capture_output=True, text=True, env=env, check=True).stdout
-    shapes = set(re.findall(r"HGMMA\.64x(\d+)x16", sass))
+    code = sass(result.library)
+    shapes = set(re.findall(r"HGMMA\.64x(\d+)x16", code))
     assert shapes == {str(PROGRAMS[name][1])}, f"{name}: wgmma widths {sorted(shapes)}"
-    assert not re.search(r"\b(LDL|STL)\b", sass), f"{name}: local-memory traffic (spills)"
+    assert not re.search(r"\b(LDL|STL)\b", code), f"{name}: local-memory traffic (spills)"
 
 
 def test_multicast_cluster_loads_shared_tiles_once(built):
     """With `cluster 1 x 4 x 1` and swap_ab the four CTAs along N share A, the kernel's Q
     operand: its loads are multicast, the B (P) loads are each CTA's own."""
-    tool = cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump with nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     result = built["swap_kn_multicast"]
     assert result.ok, result.error
-    env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
-    sass = subprocess.run([tool, "-sass", str(result.library)], capture_output=True, text=True, env=env, check=True).stdout
-    assert re.search(r"UTMALDG\.2D\.MULTICAST", sass), "no multicast TMA load"
-    assert re.search(r"UTMALDG\.2D\s", sass), "no plain TMA load for the unshared operand"
+    code = sass(result.library)
+    assert re.search(r"UTMALDG\.2D\.MULTICAST", code), "no multicast TMA load"
+    assert re.search(r"UTMALDG\.2D\s", code), "no plain TMA load for the unshared operand"
 
 
 def test_atomic_split_publishes_without_a_full_fence(built):
     """The atomic split publishes its additions with one acq_rel ticket after the consumer
     barrier: no sequentially consistent fence (MEMBAR.SC) is left on the reduction's path,
     and the ticket is one atomic."""
-    tool = cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump with nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     result = built["swap_kn_multicast"]
     assert result.ok, result.error
-    env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
-    sass = subprocess.run([tool, "-sass", str(result.library)], capture_output=True, text=True, env=env, check=True).stdout
-    assert re.search(r"REDG\.E\.ADD\.F32x4", sass), "no vector fp32 reduction into the workspace"
-    assert not re.search(r"MEMBAR\.SC", sass), "a sequentially consistent fence on the reduction's path"
-    assert len(re.findall(r"\bATOMG\.E\.ADD", sass)) == 1, "the ticket is one atomic"
+    code = sass(result.library)
+    assert re.search(r"REDG\.E\.ADD\.F32x4", code), "no vector fp32 reduction into the workspace"
+    assert not re.search(r"MEMBAR\.SC", code), "a sequentially consistent fence on the reduction's path"
+    assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, "the ticket is one atomic"
 
 
 def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
@@ -144,9 +127,5 @@ def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
     extra = {f"{entry}_trace", f"{entry}_trace_reset", f"{entry}_mark", f"{entry}_marks"}
     assert extra <= exports(results[1].library)
     assert not extra & exports(results[0].library)
-    tool = cuobjdump()
-    if tool is not None:
-        env = {"PATH": f"{Path(tool).parent}:{shutil.os.environ.get('PATH', '')}"}
-        sass = [subprocess.run([tool, "-sass", str(r.library)], capture_output=True, text=True, env=env, check=True).stdout
-                for r in results]
-        assert "GLOBALTIMER" not in sass[0] and "GLOBALTIMER" in sass[1]
+    plain_code, traced_code = (sass(r.library) for r in results)
+    assert "GLOBALTIMER" not in plain_code and "GLOBALTIMER" in traced_code
