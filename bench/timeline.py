@@ -49,9 +49,10 @@ SLOTS = 2 * len(POINTS) + 2
 MAX_BLOCKS = 4096  # kTraceBlocks in templates/sm90_l2gen_gemm.cu.j2
 
 
-def traced_library(program):
+def traced_library(program, flags: tuple[str, ...] = ()):
+    """The program's source built with the trace points (and any extra -D flags)."""
     source = lower(build_program(program), GPUS["h200"])
-    return dataclasses.replace(source, flags=(*source.flags, "-DL2GEN_TRACE"))
+    return dataclasses.replace(source, flags=(*source.flags, "-DL2GEN_TRACE", *flags))
 
 
 def blocks_of(raw, n: int) -> list[dict]:
@@ -87,6 +88,8 @@ def main() -> int:
     ap.add_argument("--splits", default="1")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", help="write every block of every rep here")
+    ap.add_argument("--define", action="append", default=[], metavar="MACRO",
+                    help="also time each program built with -DMACRO (repeatable), e.g. L2GEN_NO_ENTRY_PREFETCH")
     args = ap.parse_args()
     m, n, k = (int(x) for x in args.shape.lower().split("x"))
     programs = [parse_file(p) for p in args.programs]
@@ -94,7 +97,10 @@ def main() -> int:
         if p.family is not Family.SM90_L2GEN:
             print(f"{p.name}: only impl l2gen kernels carry the trace", file=sys.stderr)
             return 2
-    results = build_many([traced_library(p) for p in programs])
+    # Each program as written, then once per --define: (program, label, flags).
+    variants = [(p, p.name, ()) for p in programs]
+    variants += [(p, f"{p.name} -D{d}", (f"-D{d}",)) for d in args.define for p in programs]
+    results = build_many([traced_library(p, flags) for p, _, flags in variants])
     for r in results:
         if not r.ok:
             print(r.error, file=sys.stderr)
@@ -129,7 +135,7 @@ def main() -> int:
         print(f"{name:40s} {'-':>6s} {'-':>6s} {lives[len(lives) // 2]:7.2f}")
     print(f"{'program':40s} {'splits':>6s} {'blocks':>6s} {'life':>7s} {'span':>7s}  "
           + "  ".join(f"{name:>13s}" for name, _, _ in PHASES) + "   (us: median/max over blocks)")
-    for program, result in zip(programs, results):
+    for (program, label, _), result in zip(variants, results):
         lib = Library.load(result.library, result.source.entry)
         dll = lib._dll
         get = getattr(dll, f"{result.source.entry}_trace")
@@ -153,12 +159,12 @@ def main() -> int:
                 launch()
                 torch.cuda.synchronize()
             except Exception as e:  # a knob the binary refuses
-                print(f"{program.name:40s} {s:6d}: {e}")
+                print(f"{label:40s} {s:6d}: {e}")
                 continue
             ref = a.float() @ (b.float().t() if nk else b.float())
             err = float((c.float() - ref).norm() / ref.norm())
             if not err <= 1e-3:
-                print(f"{program.name:40s} {s:6d}: wrong result (relerr {err:.2e})")
+                print(f"{label:40s} {s:6d}: wrong result (relerr {err:.2e})")
                 continue
             reps = []
             for _ in range(args.reps):
@@ -177,9 +183,9 @@ def main() -> int:
             cells = "  ".join(
                 f"{summary['phases'][name][0]:6.2f}/{summary['phases'][name][1]:6.2f}"
                 if name in summary["phases"] else f"{'-':>13s}" for name, _, _ in PHASES)
-            print(f"{program.name:40s} {s:6d} {summary['blocks']:6d} {summary['life_us']:7.2f} "
+            print(f"{label:40s} {s:6d} {summary['blocks']:6d} {summary['life_us']:7.2f} "
                   f"{summary['span_us']:7.2f}  {cells}")
-            dump.append({"program": program.name, "shape": [m, n, k], "splits": s,
+            dump.append({"program": label, "shape": [m, n, k], "splits": s,
                          "reps": [{"summary": r[0], "blocks": r[1]} for r in reps]})
     if args.json:
         with open(args.json, "w") as f:

@@ -97,6 +97,7 @@ class SplitK(enum.Enum):
     PARALLEL = "parallel"  # sm80: slices write fp32 partials to a workspace, a second kernel reduces
     CLUSTER = "cluster"  # sm90a l2gen: the CTAs of a cluster reduce through distributed shared memory
     ATOMIC = "atomic"  # sm90a l2gen: atomic adds into a workspace, the last split writes C
+    ORDERED = "ordered"  # sm90a l2gen: a workspace slot per split, the last sums them in split order
 
 
 class Sm80Epilogue(enum.Enum):

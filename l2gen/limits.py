@@ -44,6 +44,7 @@ L2GEN_COLS = tuple(range(8, 257, 8))
 L2GEN_TILE_K = (64, 128)
 L2GEN_STAGES = range(2, 9)
 L2GEN_MAX_SPLITS = 8  # the portable cluster size: the CTAs of one cluster split one tile
+L2GEN_MAX_ORDERED_SPLITS = 16  # split_k ordered: the slots the last CTA of a tile reads back
 L2GEN_MAX_CLUSTER = 8  # CTAs of one multicast cluster (the portable size)
 
 

@@ -22,6 +22,7 @@ from .ir import Decomposition, Family, Mainloop, Program, Scheduler, SplitK
 from .limits import (
     L2GEN_COLS,
     L2GEN_MAX_CLUSTER,
+    L2GEN_MAX_ORDERED_SPLITS,
     L2GEN_MAX_SPLITS,
     L2GEN_ROWS,
     L2GEN_STAGES,
@@ -196,7 +197,7 @@ def _sm80_accumulators(p, gpu):
 @rule("sm80.split_k", "E-SPLITK", SM80, ("split_k",), "split_k none or parallel", after=_SM80)
 def _sm80_split_k(p, gpu):
     c = p.config
-    if c.split_k in (SplitK.CLUSTER, SplitK.ATOMIC):
+    if c.split_k in (SplitK.CLUSTER, SplitK.ATOMIC, SplitK.ORDERED):
         yield "split_k", f"'split_k {c.split_k.value}' is the sm90a l2gen kernel's ('impl l2gen'); sm80 takes 'none' or 'parallel'"
 
 
@@ -393,10 +394,10 @@ def _l2gen_n_major(p, gpu):
         yield "tile", f"tile {other} {cols}: B stored K x N ('b kn') is N-major, and its tile must span whole 64-column swizzle atoms"
 
 
-@rule("l2gen.split_k", "E-SPLITK", L2GEN, ("split_k",), "split_k none, cluster or atomic", after=_L2GEN)
+@rule("l2gen.split_k", "E-SPLITK", L2GEN, ("split_k",), "split_k none, cluster, atomic or ordered", after=_L2GEN)
 def _l2gen_split_k(p, gpu):
     if p.config.split_k is SplitK.PARALLEL:
-        yield "split_k", "'split_k parallel' is the sm80 family's; the l2gen sm90a kernel takes 'none', 'cluster' or 'atomic'"
+        yield "split_k", "'split_k parallel' is the sm80 family's; the l2gen sm90a kernel takes 'none', 'cluster', 'atomic' or 'ordered'"
 
 
 rule("l2gen.cluster", "E-RANGE", L2GEN, ("cluster",), _CLUSTER_SIDES, after=_L2GEN)(_cluster_sides)
@@ -417,7 +418,7 @@ def _l2gen_cluster_size(p, gpu):
 def _l2gen_cluster_split_k(p, gpu):
     c = p.config
     if c.multicast and c.split_k is SplitK.CLUSTER:
-        yield "cluster", "'split_k cluster' makes the CTAs of one tile a cluster; a multicast cluster takes 'split_k none' or 'atomic'"
+        yield "cluster", "'split_k cluster' makes the CTAs of one tile a cluster; a multicast cluster takes 'split_k none', 'atomic' or 'ordered'"
 
 
 @rule("l2gen.multicast_pieces", "E-CLUSTER", L2GEN, ("cluster", "tile", "b", "swap_ab"),
@@ -476,11 +477,11 @@ def _sm80_splits(p, gpu):
         yield "splits", f"splits {s} needs 'split_k parallel'; this kernel has 'split_k none'"
 
 
-@rule("l2gen.splits", "E-SPLITS", L2GEN, ("splits", "split_k"), "splits > 1 needs split_k cluster or atomic")
+@rule("l2gen.splits", "E-SPLITS", L2GEN, ("splits", "split_k"), "splits > 1 needs split_k cluster, atomic or ordered")
 def _l2gen_splits(p, gpu):
     s = p.knobs.splits
     if p.config.split_k is SplitK.NONE and s != 1:
-        yield "splits", f"splits {s} needs 'split_k cluster' or 'atomic'; this kernel has 'split_k none'"
+        yield "splits", f"splits {s} needs 'split_k cluster', 'atomic' or 'ordered'; this kernel has 'split_k none'"
 
 
 @rule("l2gen.cluster_splits", "E-SPLITS", L2GEN, ("splits", "split_k"),
@@ -489,6 +490,14 @@ def _l2gen_cluster_splits(p, gpu):
     s = p.knobs.splits
     if p.config.split_k is SplitK.CLUSTER and s > L2GEN_MAX_SPLITS:
         yield "splits", f"splits {s}: a cluster holds at most {L2GEN_MAX_SPLITS} CTAs, so 'split_k cluster' splits K at most {L2GEN_MAX_SPLITS} ways"
+
+
+@rule("l2gen.ordered_splits", "E-SPLITS", L2GEN, ("splits", "split_k"),
+      "split_k ordered splits at most {L2GEN_MAX_ORDERED_SPLITS} ways")
+def _l2gen_ordered_splits(p, gpu):
+    s = p.knobs.splits
+    if p.config.split_k is SplitK.ORDERED and s > L2GEN_MAX_ORDERED_SPLITS:
+        yield "splits", f"splits {s}: with 'split_k ordered' the last CTA of a tile reads one slot per split, at most {L2GEN_MAX_ORDERED_SPLITS}; 'split_k atomic' takes more"
 
 
 @rule("sm90.splits", "E-SPLITS", SM90, ("splits", "scheduler"), "splits > 1 needs scheduler stream_k")

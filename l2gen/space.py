@@ -78,7 +78,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("bk", limits.L2GEN_TILE_K),
         Slot("swap_ab", (False, True)),
         Slot("stages", (3, 4, 5, 6, 8)),
-        Slot("split_k", (SplitK.NONE, SplitK.CLUSTER, SplitK.ATOMIC)),
+        Slot("split_k", (SplitK.NONE, SplitK.CLUSTER, SplitK.ATOMIC, SplitK.ORDERED)),
         Slot("hints", tuple(Hints)),
         Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (8, 1), (1, 8))),
         Slot("raster", tuple(Raster), runtime=True),

@@ -144,14 +144,16 @@ Decisions (omitted ones take the default in brackets):
   decomposition heuristic|data_parallel|split_k|stream_k (stream_k scheduler only) [heuristic].
 - sm90a impl l2gen only (no mainloop, epilogue, scheduler, decomposition): swap_ab on|off
   (compute C^T = B^T A^T: N along wgmma's 64-row side, M along its N; for small M) [off];
-  stages N [4]; split_k none|cluster|atomic (cluster: the splits CTAs of a tile reduce through
-  distributed shared memory, deterministic; atomic: they add into a workspace, arrival order;
-  both in one launch; more splits than ceil(K/BK) fail at run time) [none]; hints none|stream (B evict-first, A evict-last in L2) [none];
+  stages N [4]; split_k none|cluster|atomic|ordered (cluster: the splits CTAs of a tile reduce
+  through distributed shared memory, deterministic; atomic: they add into a workspace, arrival
+  order; ordered: each writes a workspace slot, the last sums them in split order,
+  deterministic, splits <= 16; all in one launch; more splits than ceil(K/BK) fail at run
+  time) [none]; hints none|stream (B evict-first, A evict-last in L2) [none];
   cluster CM x CN x 1 (neighbouring output tiles load a shared tile of A (along N) or B (along
   M) once and multicast it: less L2-to-SM traffic) [1 x 1 x 1].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
-  (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster or
-  atomic, or stream_k) [1].
+  (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster,
+  atomic or ordered, or stream_k) [1].
 Few output tiles for many SMs (small M or N, long K) call for split-K / stream-K; large square
 shapes for big tiles, clusters and deep pipelines."""
 

@@ -221,6 +221,11 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     t_epi = t.m * t.n * 2 / bw_sm / splits + 0.1
     if splits > 1 and cfg.split_k is SplitK.CLUSTER:
         t_epi += rows * cols * 4 * (splits - 1) / splits / (DSMEM_TBS * 1e6 / gpu.sms) + 0.3
+    elif splits > 1 and cfg.split_k is SplitK.ORDERED:
+        # ordered: every split stores its tile into a slot and takes a ticket; the last reads
+        # every slot back, sums them in order and zeroes them: the atomic chain, with traffic
+        # that grows with the split count.
+        t_epi += 1.0 + rows * cols * 4 * (2 * splits + 1) / bw_sm
     elif splits > 1:
         # atomic: every split adds its tile in L2 and takes a ticket; the last reads the sum
         # back and zeroes it. The last CTA's chain of round trips, whatever the split count

@@ -1,8 +1,8 @@
 """l2gen's own sm90a kernel on the GPU: correct for small and odd M with swap-AB on both B
-layouts, correct under both splits of K and bitwise deterministic under the cluster one,
-one kernel node per call in a CUDA graph (no memset, no second kernel), and, with the
-atomic split, its workspace left zeroed across 1,000 calls that change shape and split
-count.
+layouts, correct under every split of K and bitwise deterministic under the cluster and
+ordered ones, one kernel node per call in a CUDA graph (no memset, no second kernel), and,
+with the atomic and ordered splits, the workspace left zeroed across 1,000 calls that
+change shape and split count.
 
 Each program is lowered, built (cached), loaded in this process and verified against an
 fp64 reference with NaN-poisoned outputs.
@@ -29,11 +29,14 @@ PROGRAMS = {
     "nk_wide_160": "b nk\n tile 128 x 160 x 64\n stages 3",
     "swap_kn_atomic": "b kn\n tile 64 x 128 x 64\n swap_ab on\n stages 6\n split_k atomic",
     "kn_128_atomic": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k atomic",
+    "swap_kn_ordered": "b kn\n tile 64 x 64 x 128\n swap_ab on\n stages 6\n split_k ordered\n hints stream",
+    "nk_128_ordered": "b nk\n tile 128 x 128 x 64\n stages 4\n split_k ordered",
     # multicast clusters: A shared along N, B along M, both; with and without swap, with
     # the atomic split, and clusters hanging over the problem's edge
     "swap_kn_mc4": "b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n hints stream\n cluster 1 x 4 x 1",
     "swap_nk_mc2x2": "b nk\n tile 32 x 64 x 128\n swap_ab on\n stages 6\n cluster 2 x 2 x 1",
     "mc_kn_2x2": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k atomic\n cluster 2 x 2 x 1",
+    "mc_nk_2x1_ordered": "b nk\n tile 64 x 128 x 64\n stages 4\n split_k ordered\n cluster 2 x 1 x 1",
     "mc_nk_8x1": "b nk\n tile 64 x 128 x 64\n stages 4\n cluster 8 x 1 x 1",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
@@ -68,7 +71,7 @@ def _split_knobs(program, splits):
     if program.config.split_k is SplitK.CLUSTER:
         for s in splits:
             yield Knobs(splits=s, raster=Raster.ALONG_N, swizzle=1)
-    if program.config.split_k is SplitK.ATOMIC:
+    if program.config.split_k in (SplitK.ATOMIC, SplitK.ORDERED):
         for s in (*splits, 16):
             yield Knobs(splits=s, raster=Raster.ALONG_N, swizzle=1)
 
@@ -138,28 +141,34 @@ def test_unswapped_kernels_with_residues(libs):
     assert not (failures := _verify_all(libs, names, shapes, (2, 3, 8))), "\n".join(failures)
 
 
-def test_cluster_split_is_bitwise_deterministic(libs):
+@pytest.mark.parametrize("name, splits", [("swap_nk", 8), ("nk_128_ordered", 4), ("nk_128_ordered", 16)])
+def test_cluster_and_ordered_splits_are_bitwise_deterministic(libs, name, splits):
     from l2gen.ir import Knobs
     from l2gen.runtime import Stream
-    from l2gen.verify import CudaDevice, make_inputs
+    from l2gen.verify import CudaDevice, make_inputs, reference, relerr
 
     device = CudaDevice()
-    program, lib = libs["swap_nk"]
-    m, n, k = 64, 4096, 4096
+    program, lib = libs[name]
+    m, n, k = (64, 4096, 4096) if name == "swap_nk" else (1024, 256, 4096)
     a_host, b_host, _ = make_inputs(m, n, k, 5, "nk")
+    ref = reference(a_host, b_host, "nk")
     a, b, c = device.alloc((m, k)), device.alloc((n, k)), device.alloc((m, n))
     device.write(a, a_host)
     device.write(b, b_host)
+    ws = Workspace()
+    buf, nbytes = ws.get(lib, m, n, k, Knobs(splits=splits))
     first = None
     with Stream() as stream:
         for _ in range(20):
             device.poison(c)
-            lib.launch(a, b, c, m, n, k, k, k, n, Knobs(splits=8), None, 0, stream)
+            lib.launch(a, b, c, m, n, k, k, k, n, Knobs(splits=splits), buf, nbytes, stream)
             stream.synchronize()
             out = device.read(c)
             if first is None:
                 first = out
+                assert relerr(out, ref) <= 1e-3
             assert np.array_equal(out.view(np.uint16), first.view(np.uint16))
+    assert ws.is_zero()
 
 
 def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
@@ -168,7 +177,7 @@ def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
     from l2gen.ir import Knobs
     from l2gen.runtime import DeviceBuffer, Stream, call
 
-    for name in ("swap_kn", "kn_128", "kn_128_atomic"):
+    for name in ("swap_kn", "kn_128", "kn_128_atomic", "swap_kn_ordered"):
         program, lib = libs[name]
         m, n, k = 64, 1024, 4096
         ldb = n if program.b_layout.value == "kn" else k
@@ -209,14 +218,17 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
         data[(m, n, k)] = (a, b, c, reference(a_host, b_host, "kn"))
     bad = []
     ws = Workspace()
+    rotation = ("swap_kn", "swap_kn_atomic", "swap_kn_ordered")
     for (m, n, k) in shapes:  # one workspace, sized for the largest call
-        ws.get(libs["swap_kn_atomic"][1], m, n, k, Knobs(splits=16))
+        for name in rotation[1:]:
+            ws.get(libs[name][1], m, n, k, Knobs(splits=16))
     with Stream() as stream:
         for i in range(1000):
-            name = rng.choice(("swap_kn", "swap_kn_atomic"))
-            _, lib = libs[name]
+            name = rng.choice(rotation)
+            program, lib = libs[name]
             m, n, k = rng.choice(shapes)
-            splits = rng.choice((1, 2, 3, 4, 8) + ((16,) if name.endswith("atomic") else ()))
+            k_tiles = -(-k // program.config.tile.k)
+            splits = rng.choice([s for s in (1, 2, 3, 4, 8, 16) if s <= k_tiles and (s < 16 or name != "swap_kn")])
             a, b, c, ref = data[(m, n, k)]
             device.poison(c)
             knobs = Knobs(splits=splits)
@@ -227,7 +239,7 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
             if not e <= 1e-3:
                 bad.append(f"call {i}: {name} {m}x{n}x{k} splits {splits}: relerr {e}")
     assert not bad, "\n".join(bad[:20])
-    assert ws.is_zero(), "the atomic split left its workspace dirty"
+    assert ws.is_zero(), "a split left its workspace dirty"
 
 
 def test_bad_knobs_are_error_codes(libs):
@@ -252,5 +264,10 @@ def test_bad_knobs_are_error_codes(libs):
     with pytest.raises(LaunchError, match="L2GEN_ERR_WORKSPACE"):  # too small
         atomic.launch(*buffers, m, n, k, k, n, n, Knobs(splits=2), small, need - 16, None)
     small.free()
-    for buf in buffers:
+    _, ordered = libs["nk_128_ordered"]  # 17 slots: over what the last CTA reads
+    m2, k2 = 128, 64 * 17
+    big = [DeviceBuffer(2 * x) for x in (m2 * k2, k2 * n, m2 * n)]
+    with pytest.raises(LaunchError, match="L2GEN_ERR_KNOB"):
+        ordered.launch(*big, m2, n, k2, k2, k2, n, Knobs(splits=17), None, 0, None)
+    for buf in (*buffers, *big):
         buf.free()

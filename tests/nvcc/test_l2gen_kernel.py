@@ -1,8 +1,8 @@
 """l2gen's own sm90a kernel, held to nvcc: a fixed set of programs covering swap-AB on both
 B layouts, the cluster split, cache hints and a wgmma width outside CuTe's base set builds,
 and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
-kernel tile's width, and spills nothing; the atomic split publishes its additions
-without a full fence; the timeline build (bench/timeline.py) is a library of its own."""
+kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
+with plain stores; the timeline build (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ H200 = GPUS["h200"]
 PROGRAMS = {
     # name: (program text, expected wgmma N)
     "swap_kn_cluster": ("b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k cluster\n hints stream\n splits 4", 64),
-    "swap_nk_m16": ("b nk\n tile 16 x 128 x 64\n swap_ab on\n stages 6", 16),
+    "swap_nk_m16_ordered": ("b nk\n tile 16 x 128 x 64\n swap_ab on\n stages 6\n split_k ordered\n splits 2", 16),
     "kn_cluster": ("b kn\n tile 128 x 128 x 64\n stages 4\n split_k cluster\n splits 2", 128),
     "nk_wide_extended": ("b nk\n tile 64 x 160 x 64\n stages 4", 160),
     "swap_kn_multicast": ("b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n cluster 1 x 4 x 1", 64),
@@ -99,6 +99,18 @@ def test_atomic_split_publishes_without_a_full_fence(built):
     assert result.ok, result.error
     code = sass(result.library)
     assert re.search(r"REDG\.E\.ADD\.F32x4", code), "no vector fp32 reduction into the workspace"
+    assert not re.search(r"MEMBAR\.SC", code), "a sequentially consistent fence on the reduction's path"
+    assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, "the ticket is one atomic"
+
+
+def test_ordered_split_stores_its_partials_and_takes_one_ticket(built):
+    """The ordered split writes its partial tile with plain (L2) stores, never an atomic
+    addition, publishes it with one acq_rel ticket and no sequentially consistent fence."""
+    result = built["swap_nk_m16_ordered"]
+    assert result.ok, result.error
+    code = sass(result.library)
+    assert not re.search(r"\bREDG\b", code), "an atomic addition in the ordered split"
+    assert re.search(r"STG\.E\.128\.STRONG\.GPU", code), "no L2 stores of the partial tile"
     assert not re.search(r"MEMBAR\.SC", code), "a sequentially consistent fence on the reduction's path"
     assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, "the ticket is one atomic"
 

@@ -82,7 +82,7 @@ BAD = [
     (l2gen("tile 128 x 128 x 64 cluster 4 x 4 x 1"), H200, "E-CLUSTER", "at most 8", 3),
     (l2gen("tile 128 x 128 x 64 cluster 3 x 1 x 1"), H200, "E-RANGE", "cluster M 3", 3),
     (l2gen("tile 128 x 128 x 64 cluster 2 x 1 x 2"), H200, "E-CLUSTER", "cluster K", 3),
-    (l2gen("tile 128 x 128 x 64 split_k cluster cluster 2 x 1 x 1"), H200, "E-CLUSTER", "'split_k none' or 'atomic'", 3),
+    (l2gen("tile 128 x 128 x 64 split_k cluster cluster 2 x 1 x 1"), H200, "E-CLUSTER", "'split_k none', 'atomic' or 'ordered'", 3),
     # swap_ab: A (16 rows, K-major) is the kernel's Q, shared along C's N by 4 CTAs: 4 rows each
     (l2gen("tile 16 x 128 x 64 swap_ab on cluster 1 x 4 x 1"), H200, "E-CLUSTER", "the A tile's 16 rows", 3),
 ]
