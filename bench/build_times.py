@@ -41,10 +41,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from l2gen.bench import git_commit, write_results  # noqa: E402
-from l2gen.lower import KernelSource, lower  # noqa: E402
+from l2gen.lower import KernelSource  # noqa: E402
 from l2gen.parse import parse, parse_file  # noqa: E402
 from l2gen.printer import format_program  # noqa: E402
-from l2gen.lower import build_program  # noqa: E402
+from l2gen.runner import source  # noqa: E402
 from l2gen.targets import get_gpu  # noqa: E402
 from l2gen.toolchain import ToolchainError, detect_toolchain  # noqa: E402
 
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = args.programs or sorted((REPO / "examples").glob("*.l2"))
     gpu = get_gpu(args.gpu)
-    named = [(Path(p).stem, lower(build_program(parse_file(p)), gpu)) for p in paths]
+    named = [(Path(p).stem, source(parse_file(p), gpu)) for p in paths]
     if args.save_sources:
         save_sources(named, gpu.name, args.save_sources)
         return 0

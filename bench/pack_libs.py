@@ -17,8 +17,7 @@ from pathlib import Path
 
 from l2gen.build import cache_dir, cache_entry
 from l2gen.db import KernelDB
-from l2gen.lower import lower
-from l2gen.lower import build_program
+from l2gen.runner import source
 from l2gen.targets import get_gpu
 
 
@@ -29,7 +28,7 @@ def main(db_path: str, out: str) -> int:
     entries: set[Path] = set()
     missing = 0
     for program, _speedup, _time_us in db.best_all(gpu).values():
-        entry = cache_entry(lower(build_program(program), gpu))
+        entry = cache_entry(source(program, gpu))
         if entry is None:
             missing += 1
             continue

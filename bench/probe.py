@@ -18,10 +18,9 @@ import torch
 
 from l2gen.build import build_many
 from l2gen.ir import Knobs
-from l2gen.lower import lower
 from l2gen.parse import parse_file
 from l2gen.runtime import Library
-from l2gen.lower import build_program
+from l2gen.runner import source
 from l2gen.targets import GPUS
 
 
@@ -35,7 +34,7 @@ def main() -> int:
     args = ap.parse_args()
     m, n, k = (int(x) for x in args.shape.lower().split("x"))
     programs = [parse_file(p) for p in args.programs]
-    results = build_many([lower(build_program(p), GPUS["h200"]) for p in programs])
+    results = build_many([source(p, GPUS["h200"]) for p in programs])
     for r in results:
         if not r.ok:
             print(r.error, file=sys.stderr)

@@ -31,7 +31,7 @@ import torch
 
 from l2gen.build import build_many
 from l2gen.ir import Family, Knobs
-from l2gen.lower import build_program, lower
+from l2gen.runner import source as build_source
 from l2gen.parse import parse_file
 from l2gen.runtime import Library
 from l2gen.targets import GPUS
@@ -51,7 +51,7 @@ MAX_BLOCKS = 4096  # kTraceBlocks in templates/sm90_l2gen_gemm.cu.j2
 
 def traced_library(program, flags: tuple[str, ...] = ()):
     """The program's source built with the trace points (and any extra -D flags)."""
-    source = lower(build_program(program), GPUS["h200"])
+    source = build_source(program, GPUS["h200"])
     return dataclasses.replace(source, flags=(*source.flags, "-DL2GEN_TRACE", *flags))
 
 

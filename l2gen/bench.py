@@ -60,19 +60,19 @@ from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
 from .baselines import BASELINES, ShimError, build_shim, cublas_best, result_key
-from .console import Reporter, as_reporter, build_line, build_progress
+from .console import Reporter, as_reporter
 from .ir import Program
-from .lower import build_program
-from .modes import GRAPH_REPLAYS, graph_calls_for
 from .printer import format_program
 from .probes import build_probes
 from .problem import Shape
 from .protocol import Floors, Protocol
+from .runner import Builder, Settings, run
 from .targets import Gpu
+from .tasks import ProbeTask, RunResult
 from .timing import DEFAULT_ROUNDS
 from .toolchain import found_nvcc_version
 from .report import _fmt, format_table, plot_speedups  # noqa: F401  (format_table: bench's table, here too)
-from .worker import Worker, knobs_to_dict, measure
+from .worker import Worker
 
 Progress = Callable[[str], None]
 
@@ -84,47 +84,11 @@ def stderr_progress(line: str) -> None:
 # ---- the run --------------------------------------------------------------------------
 
 
-SHORT_KERNEL_US = 5.0  # shapes whose floor is below this get SHORT_REPS_FACTOR times the reps
-SHORT_REPS_FACTOR = 4
-
-
-def reps_for(shape: Shape, gpu: Gpu, reps: int) -> int:
-    """Timed runs per median for a shape: launch jitter is a larger share of a few-µs
-    kernel (a few-µs shape's ratio moved several percent between two runs at 50 reps),
-    so short shapes get more runs; they cost little."""
-    return reps * SHORT_REPS_FACTOR if gpu.floor_us(shape.m, shape.n, shape.k) < SHORT_KERNEL_US else reps
-
-
-def task_timeout(shape: Shape, gpu: Gpu, runners: int, protocol: Protocol = Protocol(), reps: int = 50) -> float:
-    """Seconds a shape's task may take: setup, plus per runner about 70 runs (verify,
-    warm-up, timed, escape batch) of a kernel up to 50x slower than the floor, plus
-    building the inputs and the reference; in graph mode the replays, in server mode the
-    gaps of its schedule (at least twice their expected length)."""
-    per_run = 50 * gpu.floor_us(shape.m, shape.n, shape.k) / 1e6
-    extra = 0.0
-    if protocol.mode == "graph":
-        extra = GRAPH_REPLAYS * protocol.graph_calls * per_run
-    elif protocol.mode == "server":
-        extra = reps * (2.0 / protocol.qps + per_run)
-    return 120.0 + runners * (20.0 + 100 * per_run + extra)
-
-
-def shape_protocol(protocol: Protocol, shape: Shape, gpu: Gpu) -> Protocol:
-    """The protocol of one shape's task: in graph mode, as many calls per graph as make a
-    replay of about 10 ms of the shape's floor, at most the run's ``graph_calls``."""
-    if protocol.mode != "graph":
-        return protocol
-    from dataclasses import replace
-
-    return replace(protocol, graph_calls=graph_calls_for(gpu.floor_us(shape.m, shape.n, shape.k), protocol.graph_calls))
-
-
 def probe_floors(worker: Worker, gpu: Gpu, protocol: Protocol, *, shim: str | None, probes: str,
                  reps: int = 50, say: Progress = lambda line: None) -> Floors:
     """This run's floors, measured by the worker ("probe" task); what it could not measure
     comes from the target record, with the reason."""
-    task = {"kind": "probe", **protocol.to_dict(), "shim": shim, "probes": probes, "reps": reps}
-    result = worker.run(task, 600)
+    result = worker.run(ProbeTask(protocol, shim, probes, reps).to_wire(), 600)
     if result.get("status") != "ok":
         first = (result.get("error") or "no reason given").strip().splitlines()
         say(f"[bench] the floors could not be measured: {first[0] if first else ''}")
@@ -163,10 +127,6 @@ def bench(
     the same one ``l2gen tune`` built. ``only`` maps a shape to the names of the programs
     to run on it (all of them for a shape it does not name). ``progress`` takes the
     run's lines, or is a :class:`~l2gen.console.Reporter` (bars on a terminal)."""
-    from .build import build_many
-    from .diagnostics import DiagnosticError
-    from .lower import lower
-
     report = as_reporter(progress)
     say = report.say
     out_json = Path(out_json)
@@ -175,29 +135,9 @@ def bench(
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"program names must be unique in a bench (repeated: {', '.join(dup)})")
     texts = {p.name: format_program(p) for p in programs}
-    built_texts = {p.name: format_program(build_program(p)) for p in programs}
-    # Lower and build: a program that fails either gets rows with its error for every shape.
-    fails: dict[str, tuple[str, str]] = {}
-    sources = {}
-    for p in programs:
-        try:
-            sources[p.name] = lower(build_program(p), gpu)
-        except DiagnosticError as e:
-            fails[p.name] = ("rejected", str(e))
-        except Exception as e:  # a template error: a bug, but still a row, not a crash
-            fails[p.name] = ("build_error", f"lowering failed: {type(e).__name__}: {e}")
-    say(f"[bench] building {len(sources)} program(s) for {gpu.name}")
-
-    bar = report.bar("building", len({s.key for s in sources.values()}))
-    on_build = build_progress(bar, lambda done, total, r: build_line(r, done, total))
-    built = {}
-    for name, r in zip(sources, build_many(list(sources.values()), jobs=jobs,
-                                           timeout=build_timeout, progress=on_build)):
-        if r.ok:
-            built[name] = r
-        else:
-            fails[name] = ("build_error", f"{r.error}\n{r.command}".strip())
-    bar.done()
+    # A program that is rejected or fails to build gets rows with its error for every shape.
+    say(f"[bench] building {len(programs)} program(s) for {gpu.name}")
+    builds = Builder(gpu, jobs=jobs, timeout=build_timeout).build(programs, report=report)
 
     wanted = list(baselines)
     shim, shim_error = None, None
@@ -211,11 +151,11 @@ def bench(
     probes = str(build_probes(timeout=build_timeout))
     if not programs:
         say("[bench] no programs: timing the baselines alone")
-    serving = [p for p in programs if p.b_layout.value == b_layout]
     for p in programs:
         if p.b_layout.value != b_layout:
             say(f"[bench] {p.name}: B layout {p.b_layout.value} does not serve this bench "
                 f"({b_layout}); skipped")
+    settings = Settings(tuple(wanted), b_layout, protocol, shim, probes, seeds, reps, rounds)
 
     results = {
         "gpu": gpu.name, "device": None, "date": datetime.now(timezone.utc).isoformat(
@@ -231,44 +171,25 @@ def bench(
         floors = probe_floors(worker, gpu, protocol, shim=shim, probes=probes, reps=reps, say=say)
         results["floors"] = floors.to_dict()
         bar = report.bar("measuring", len(shapes))
-        for i, shape in enumerate(shapes, 1):
-            here = [p for p in serving if only is None or shape not in only or p.name in only[shape]]
-            candidates = [
-                {"name": p.name, "library": str(built[p.name].library),
-                 "entry": built[p.name].source.entry, "program_text": built_texts[p.name],
-                 "knobs": knobs_to_dict(p.knobs)}
-                for p in here if p.name in built
-            ]
-            bar.event(f"[bench] {i}/{len(shapes)} {shape}: {len(candidates)} program(s), "
+
+        def starting(i: int, shape: Shape, task) -> None:
+            bar.event(f"[bench] {i}/{len(shapes)} {shape}: {len(task.candidates)} program(s), "
                       f"{len(wanted)} baseline(s)", note=str(shape))
-            here_protocol = shape_protocol(protocol, shape, gpu)
-            shape_reps = reps_for(shape, gpu, reps)
-            task = {"kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k,
-                    "b_layout": b_layout, "candidates": candidates, "baselines": wanted,
-                    "shim": shim, "probes": probes, "seeds": seeds, "reps": shape_reps,
-                    "rounds": rounds, **here_protocol.to_dict()}
-            outcome = measure(worker, task, task_timeout(shape, gpu, len(candidates) + len(wanted),
-                                                         here_protocol, shape_reps))
-            if outcome.get("device"):
-                results["device"] = outcome["device"].get("name")
-            base = dict(outcome.get("baselines", {}))
+
+        for measured in run(worker, builds, shapes, settings, gpu=gpu, only=only, on_task=starting):
+            shape, outcome = measured.shape, measured.task
+            if outcome.device:
+                results["device"] = outcome.device.get("name")
+            base = dict(outcome.baselines)
             if shim_error:
                 for b in baselines:
                     if b.startswith("cublas"):
-                        base[b] = {"status": "unavailable", "time_us": None, "error": shim_error}
-            by_name = {c["name"]: c for c in outcome.get("candidates", [])}
+                        base[b] = RunResult(b, "unavailable", error=shim_error)
             rows = []
-            for p in here:
-                if p.name in fails:
-                    status, error = fails[p.name]
-                    cand = {"status": status, "error": error, "time_us": None, "relerr": None}
-                else:
-                    cand = by_name.get(p.name) or {"status": outcome.get("status", "run_error"),
-                                                   "error": outcome.get("error"),
-                                                   "time_us": None, "relerr": None}
-                rows.append(make_row(shape, p.name, texts[p.name], cand,
-                                     cand.get("baselines", base), floors, baselines))
-                bar.event(f"[bench]   {p.name}: {_row_brief(rows[-1])}", ok=rows[-1]["status"] == "ok")
+            for one in measured.results:
+                own = one.baselines if one.run.baselines is not None else base
+                rows.append(make_row(shape, one.program.name, texts[one.program.name], one.run, own, floors, baselines))
+                bar.event(f"[bench]   {one.program.name}: {_row_brief(rows[-1])}", ok=rows[-1]["status"] == "ok")
             results["rows"] += rows
             results["shapes"].append(shape_summary(shape, rows, base, baselines))
             write_results(results, out_json)
@@ -294,24 +215,27 @@ def _finite(x) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def make_row(shape: Shape, program: str, text: str, cand: dict, base: dict, floors: Floors,
-             names: Sequence[str] = BASELINES) -> dict:
+def _times(base: Mapping[str, RunResult], names: Sequence[str]) -> dict:
+    """Each baseline's time (null where it was unavailable or failed), by result key."""
+    return {result_key(n): (_finite(base[n].time_us) if n in base and base[n].ok else None) for n in names}
+
+
+def make_row(shape: Shape, program: str, text: str, cand: RunResult, base: Mapping[str, RunResult],
+             floors: Floors, names: Sequence[str] = BASELINES) -> dict:
     """One results row from a candidate's result and its baselines' results; ``floors``
     are the run's (:func:`probe_floors`)."""
-    times = {result_key(n): (_finite(base[n].get("time_us"))
-                             if n in base and base[n].get("status") == "ok" else None)
-             for n in names}
+    times = _times(base, names)
     best = cublas_best(times)
-    status = cand.get("status", "run_error")
-    t = _finite(cand.get("time_us")) if status == "ok" else None
+    status = cand.verdict
+    t = _finite(cand.time_us) if status == "ok" else None
     flops = 2.0 * shape.m * shape.n * shape.k
     return {
         "m": shape.m, "n": shape.n, "k": shape.k,
         "program": program, "program_text": text,
         "l2gen_us": t,
-        "relerr": _finite(cand.get("relerr")),
+        "relerr": _finite(cand.relerr),
         "status": status,
-        "error": None if status == "ok" else cand.get("error"),
+        "error": None if status == "ok" else cand.error,
         "tflops": flops / (t * 1e6) if t else None,
         "floor_pct": 100.0 * floors.floor_us(shape.m, shape.n, shape.k) / t if t else None,
         "baselines": times,
@@ -325,36 +249,34 @@ def make_row(shape: Shape, program: str, text: str, cand: dict, base: dict, floo
 MODE_FIGURES = ("graph", "server")  # the keys a graph- or server-mode result adds
 
 
-def _mode_figures(cand: dict, base: dict, names: Sequence[str]) -> dict:
+def _mode_figures(cand: RunResult | None, base: Mapping[str, RunResult], names: Sequence[str]) -> dict:
     """Graph or server mode: the program's own figures and each baseline's."""
     out = {}
     for mode in MODE_FIGURES:
-        if mode in cand:
-            out[mode] = cand[mode]
-        per_baseline = {result_key(n): base[n][mode] for n in names if n in base and mode in base[n]}
+        if cand is not None and mode in cand.figures:
+            out[mode] = cand.figures[mode]
+        per_baseline = {result_key(n): base[n].figures[mode] for n in names if n in base and mode in base[n].figures}
         if per_baseline:
             out[f"baseline_{mode}"] = per_baseline
     return out
 
 
-def _rounds(cand: dict, base: dict, names: Sequence[str]) -> dict:
+def _rounds(cand: RunResult, base: Mapping[str, RunResult], names: Sequence[str]) -> dict:
     """With several timing rounds (bench ``rounds``): each round's median, the program's
     and each baseline's, so a reader can see how much the rounds differed."""
-    if "round_us" not in cand:
+    if "round_us" not in cand.figures:
         return {}
-    return {"round_us": cand["round_us"],
-            "baseline_round_us": {result_key(n): base[n]["round_us"] for n in names
-                                  if n in base and "round_us" in base[n]}}
+    return {"round_us": cand.figures["round_us"],
+            "baseline_round_us": {result_key(n): base[n].figures["round_us"] for n in names
+                                  if n in base and "round_us" in base[n].figures}}
 
 
-def shape_summary(shape: Shape, rows: Sequence[dict], base: dict,
+def shape_summary(shape: Shape, rows: Sequence[dict], base: Mapping[str, RunResult],
                   names: Sequence[str] = BASELINES) -> dict:
     """The fastest passing program of a shape against cuBLAS-best."""
     ok = [r for r in rows if r["l2gen_us"] is not None]
     best_row = min(ok, key=lambda r: r["l2gen_us"]) if ok else None
-    times = {result_key(n): (_finite(base[n].get("time_us"))
-                             if n in base and base[n].get("status") == "ok" else None)
-             for n in names}
+    times = _times(base, names)
     best = cublas_best(times)
     t = best_row["l2gen_us"] if best_row else None
     return {
@@ -362,11 +284,10 @@ def shape_summary(shape: Shape, rows: Sequence[dict], base: dict,
         "best_program": best_row["program"] if best_row else None,
         "l2gen_us": t,
         "baselines": times,
-        "baseline_errors": {n: base[n].get("error") for n in names
-                            if n in base and base[n].get("status") != "ok"},
+        "baseline_errors": {n: base[n].error for n in names if n in base and not base[n].ok},
         "cublas_best_us": best,
         "speedup_vs_best": best / t if t and best else None,
-        **{k: v for k, v in _mode_figures({}, base, names).items() if k == "baseline_server"},
+        **{k: v for k, v in _mode_figures(None, base, names).items() if k == "baseline_server"},
     }
 
 

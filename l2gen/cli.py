@@ -124,11 +124,9 @@ def cmd_compile(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from .build import build_many
-    from .console import build_progress, reporter
-    from .lower import build_program, lower
-
     from .check import check
+    from .console import reporter
+    from .runner import Builder
 
     programs, ok = _load(args.files, args.gpu)
     if args.db:  # each shape's best program: what the dispatcher will load, checked like a file's
@@ -144,25 +142,26 @@ def cmd_build(args) -> int:
         raise fail("E-USAGE", "nothing to build: give DSL files or --db")
     # The library of a program's compile-time configuration (knobs are launch arguments):
     # the one bench, tune and the dispatcher share.
-    sources = [lower(build_program(p), args.gpu) for _, p in programs]
-
     def line(done, total, result):
         state = "cached" if result.cached else ("ok" if result.ok else "FAILED")
         return f"[{done}/{total}] {result.source.program.name}: {state} ({result.seconds:.1f} s)"
 
+    def summary(builds):
+        failed = sum(not b.ok for b in builds)
+        return f"built {len(builds) - failed} of {len(builds)}" + (f", {failed} FAILED" if failed else ""), not failed
+
+    builder = Builder(args.gpu, jobs=args.jobs, timeout=args.timeout, force=args.force)
     with reporter() as report:
-        bar = report.bar("building", len({s.key for s in sources}))
-        results = build_many(sources, jobs=args.jobs, timeout=args.timeout, progress=build_progress(bar, line), force=args.force)
-        failed = sum(not r.ok for r in results)
-        bar.done(f"built {len(results) - failed} of {len(results)}" + (f", {failed} FAILED" if failed else ""), ok=not failed)
-    for (path, _), result in zip(programs, results):
-        if result.ok:
-            print(f"{path}: {result.library}")
+        builds = builder.build([p for _, p in programs], report=report, line=line, summary=summary)
+    for (path, _), built in zip(programs, builds):
+        if built.ok:
+            print(f"{path}: {built.result.library}")
         else:
             ok = False
-            eprint(f"{path}: build failed: {result.error}")
-            eprint(result.log[-3000:])
-            eprint(f"reproduce with:\n  {result.command}")
+            eprint(f"{path}: build failed: {built.result.error if built.result else built.error}")
+            if built.result is not None:
+                eprint(built.result.log[-3000:])
+                eprint(f"reproduce with:\n  {built.result.command}")
     return EXIT_OK if ok else EXIT_FAIL
 
 

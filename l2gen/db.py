@@ -45,7 +45,7 @@ from .ir import BLayout, Program
 from .parse import parse
 from .printer import format_program
 from .protocol import LEGACY_L2, ProtocolMismatch, check_l2
-from .problem import Measurement, Shape, program_key, status_from_bench
+from .problem import Measurement, Shape, Status, program_key
 from .targets import Gpu
 from .toolchain import found_nvcc_version
 from .validate import write_atomic
@@ -703,7 +703,7 @@ class KernelDB:
                 raise DatabaseError(f"{path}: rows[{i}] ({row.get('program')!r}) is not an l2gen program: {exc}") from None
         added = 0
         for row, (program, shape) in zip(rows, programs):
-            status = status_from_bench(row["status"])
+            status = Status.of(row["status"]).value
             m = Measurement(shape, program, status, time_us=row.get("l2gen_us"), baseline_us=row.get("cublas_best_us"),
                             relerr=row.get("relerr"), error=row.get("error"), l2=protocol.l2)
             self.add(m, gpu, "bench", env)

@@ -470,8 +470,9 @@ def _torch_matmul_nt() -> Callable:
 
 
 class TorchLauncher:
-    """Builds with :func:`l2gen.build.build_many`, loads with :class:`l2gen.runtime.Library`,
-    launches on ``torch.cuda.current_stream()``. Entry ABI: ``templates/common.cuh.j2``."""
+    """Builds through the runner's :class:`~l2gen.runner.Builder` (``build_many``: a
+    stand-in for the compiler), loads with :class:`l2gen.runtime.Library`, launches on
+    ``torch.cuda.current_stream()``. Entry ABI: ``templates/common.cuh.j2``."""
 
     def __init__(self, *, build_many=None):
         import torch
@@ -480,17 +481,13 @@ class TorchLauncher:
         self._build_many = build_many
 
     def load(self, program: Program, gpu: Gpu):
-        from .lower import build_program, lower
+        from .runner import Builder
         from .runtime import Library
 
-        build_many = self._build_many
-        if build_many is None:
-            from .build import build_many
-        source = lower(build_program(program), gpu)
-        [result] = build_many([source])
-        if not result.ok or result.library is None:
-            raise RuntimeError(f"build failed: {result.error}")
-        return Library.load(result.library, source.entry)
+        [built] = Builder(gpu, build_many=self._build_many).build([program])
+        if not built.ok:
+            raise RuntimeError(f"{'build failed' if built.verdict == 'build_error' else 'the checker rejects it'}: {built.error}")
+        return Library.load(built.result.library, built.source.entry)
 
     def workspace(self, kernel, m: int, n: int, k: int, knobs: Knobs, like) -> tuple:
         nbytes = kernel.workspace_size(m, n, k, knobs)

@@ -28,7 +28,7 @@ def probe(task: dict, note: Note) -> dict:
 
     note({"phase": "setup"})
     protocol = Protocol.of(task, missing_l2=DEFAULT_L2)
-    s = session(task)
+    s = session(task.get("probes"))
     flush, h = s.flush(protocol.l2), s.stream.handle
     reps, warmup = max(MIN_REPS, int(task.get("reps", MIN_REPS))), int(task.get("warmup", 5))
     out: dict = {"status": "ok", "error": None, "device": device_record(s), "protocol": protocol.to_dict()}

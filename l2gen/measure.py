@@ -1,7 +1,7 @@
 """The worker's default executor: verify, then time interleaved, on the GPU.
 
 Runs inside the isolated worker process (:mod:`l2gen.worker`), one task at a time (the task
-and result formats are in that module's docstring):
+and result formats are in :mod:`l2gen.tasks`):
 
 - "measure": every candidate and baseline is verified first (:mod:`l2gen.verify`), then all
   that passed are timed together under the task's protocol (:mod:`l2gen.protocol`): in
@@ -15,10 +15,10 @@ from __future__ import annotations
 import functools
 import os
 
-from .protocol import DEFAULT_L2, Protocol
 from .timing import ESCAPE_RATIO, MIN_REPS
 from .session import device_record, session, time_mode
-from .worker import Note, failed, knobs_from_dict, normalize
+from .tasks import MeasureTask, failed
+from .worker import Note
 
 AUTOTUNED = "cublaslt_autotuned"
 RANK = "#"  # "baseline/cublaslt_autotuned#2": the auto-tune's second fastest algorithm
@@ -29,7 +29,7 @@ def execute(task: dict, note: Note) -> dict:
     if kind == "ping":
         return {"status": "ok", "pid": os.getpid()}
     if kind == "measure":
-        return _measure(normalize(task), note)
+        return _measure(MeasureTask.from_wire(task), note)
     if kind == "probe":
         from .floors import probe
 
@@ -37,7 +37,7 @@ def execute(task: dict, note: Note) -> dict:
     raise ValueError(f"unknown task kind {kind!r}")
 
 
-def _measure(task: dict, note: Note) -> dict:
+def _measure(task: MeasureTask, note: Note) -> dict:
     """Verify every runner (baselines, then candidates), then time the verified ones
     interleaved. A CudaError propagates: the context may be broken, the worker must go.
 
@@ -53,14 +53,14 @@ def _measure(task: dict, note: Note) -> dict:
     from .verify import DEFAULT_SEEDS, b_shape, make_inputs, verify
 
     note({"phase": "setup"})
-    protocol = Protocol.of(task, missing_l2=DEFAULT_L2)
-    s = session(task)
+    protocol = task.protocol
+    s = session(task.probes)
     flush = s.flush(protocol.l2)
-    m, n, k = int(task["m"]), int(task["n"]), int(task["k"])
-    layout = task.get("b_layout", "kn")
-    seeds = int(task.get("seeds", DEFAULT_SEEDS))
-    reps, warmup = int(task.get("reps", 50)), int(task.get("warmup", 5))
-    rounds = max(1, int(task.get("rounds", 1))) if protocol.mode == "events" else 1
+    m, n, k = task.shape.m, task.shape.n, task.shape.k
+    layout = task.b_layout
+    seeds = DEFAULT_SEEDS if task.seeds is None else task.seeds
+    reps, warmup = task.reps, task.warmup
+    rounds = task.rounds if protocol.mode == "events" else 1
     if reps < MIN_REPS:
         raise ValueError(f"reps={reps}: the median needs at least {MIN_REPS} runs")
     h, dev = s.stream.handle, s.device
@@ -94,9 +94,9 @@ def _measure(task: dict, note: Note) -> dict:
         inputs = make_inputs(m, n, k, 0, layout)  # real data before anything runs (autotune)
         dev.write(a, inputs[0])
         dev.write(b, inputs[1])
-        if task["baselines"]:
-            bl = s.baselines(task.get("shim"))
-            for name in task["baselines"]:
+        if task.baselines:
+            bl = s.baselines(task.shim)
+            for name in task.baselines:
                 key = f"baseline/{name}"
                 if name in bl.unavailable:
                     results[key] = failed(name, "unavailable", bl.unavailable[name])
@@ -127,15 +127,15 @@ def _measure(task: dict, note: Note) -> dict:
                             binders[rkey] = bind_rank
 
         ldb = n if layout == "kn" else k
-        for cand in task["candidates"]:
-            name, key = cand["name"], f"candidate/{cand['name']}"
+        for cand in task.candidates:
+            name, key = cand.name, f"candidate/{cand.name}"
             note({"phase": "verify", "candidate": name})
             try:
-                lib = Library.load(cand["library"], cand["entry"])
-                text = cand.get("program_text")
+                lib = Library.load(cand.library, cand.entry)
+                text = cand.program_text
                 if text is not None and lib.program_text().strip() != text.strip():
-                    raise ValueError(f"{cand['library']} was built from another program")
-                knobs = knobs_from_dict(cand.get("knobs"))
+                    raise ValueError(f"{cand.library} was built from another program")
+                knobs = cand.knobs
                 ws_bytes = lib.workspace_size(m, n, k, knobs)
             except (OSError, AttributeError, ValueError) as e:
                 results[key] = failed(name, "run_error", f"cannot use the library: {e}")
@@ -214,8 +214,8 @@ def _measure(task: dict, note: Note) -> dict:
         "error": None,
         "device": device_record(s),
         "protocol": protocol.to_dict(),
-        "candidates": [results[f"candidate/{cand['name']}"] for cand in task["candidates"]],
-        "baselines": {name: results[f"baseline/{name}"] for name in task["baselines"]},
+        "candidates": [results[f"candidate/{cand.name}"] for cand in task.candidates],
+        "baselines": {name: results[f"baseline/{name}"] for name in task.baselines},
     }
 
 

@@ -67,26 +67,18 @@ class Status(enum.StrEnum):
     WRONG = "wrong"  # verification failed
     TIMEOUT = "timeout"
 
+    @classmethod
+    def of(cls, verdict: object) -> "Status":
+        """The status of a finer verdict: a worker's per-runner word or a bench row's. A
+        run that escaped the timed stream, could not be captured, or whose runner was
+        unavailable has no time to rank: anything that is not a status is a run_error."""
+        try:
+            return cls(verdict)
+        except ValueError:
+            return cls.RUN_ERROR
+
 
 STATUSES = tuple(s.value for s in Status)
-
-# A worker's per-runner status (see :mod:`l2gen.worker`) as a measurement's: a run that
-# escaped the timed stream, or a runner that was unavailable, has no time to rank; any
-# status not listed is a run_error too. The worker never builds nor checks, so
-# build_error and rejected are not its to say.
-_FROM_WORKER = {Status.OK: Status.OK, Status.WRONG: Status.WRONG, Status.TIMEOUT: Status.TIMEOUT, Status.RUN_ERROR: Status.RUN_ERROR}
-
-
-def status_from_worker(status: object) -> str:
-    """The measurement status of a worker's per-runner status."""
-    return _FROM_WORKER.get(status, Status.RUN_ERROR).value
-
-
-def status_from_bench(status: object) -> str:
-    """The measurement status of a bench results row's status: the bench reports the
-    checker's and the compiler's verdicts too; anything that is not a measurement status
-    (escaped, unavailable, capture_error, ...) is a run_error."""
-    return status if status in STATUSES else Status.RUN_ERROR.value
 
 
 @dataclass(frozen=True)

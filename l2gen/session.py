@@ -47,10 +47,12 @@ class Session:
         return self._baselines[shim]
 
 
-def session(task: dict) -> Session:
+def session(probes: str | None) -> Session:
+    """This process's session, made on first use with the timing probes library at
+    ``probes`` (None: built or found in the cache)."""
     global _SESSION
     if _SESSION is None:
-        _SESSION = Session(task.get("probes"))
+        _SESSION = Session(probes)
     return _SESSION
 
 

@@ -9,36 +9,15 @@ kernel or a library prints can corrupt the protocol.
 Faults become data: if the worker dies (a segfault, a sticky CUDA error, an exception in
 the executor, after which it reports and exits so that no broken CUDA context is reused)
 the task's result has status ``run_error``; if no result comes within the task's timeout
-the worker is killed and the status is ``timeout``. Either way the next task starts a fresh
-worker. :func:`measure` builds on that: with the last note it knows which candidate was
-running, fails that one, and measures the rest again.
+the worker is killed and the status is ``timeout``. Either way the result carries the
+worker's last note, and the next task starts a fresh worker. What to do about a fault
+(which candidate to blame, what to measure again) is the runner's business
+(:func:`l2gen.runner.measure`); the tasks and results are records of
+:mod:`l2gen.tasks`, which holds their wire form.
 
 The executor is pluggable (``module:function``, taking ``(task, note)`` and returning a
 result dict) so tests can inject fakes; the default, :func:`l2gen.measure.execute`, runs
-"measure" tasks on the GPU.
-
-A measure task::
-
-    {"kind": "measure", "m": M, "n": N, "k": K, "b_layout": "kn",
-     "candidates": [{"name", "library", "entry", "program_text" (optional: checked
-                     against the library's E_program), "knobs": {"raster", "swizzle",
-                     "splits", "decomposition"} (optional: the defaults)}],
-     "baselines": ["torch_matmul", "cublas", ...]  (optional),
-     "shim": path of the cuBLAS shim (optional: built or found in the cache),
-     "probes": path of the timing probes library (optional: likewise),
-     "l2": "clean" | "dirty" | "warm" (default clean), "mode": "events" | "graph" |
-     "server" (default events), "qps" and "seed" (server), "graph_calls" (graph),
-     "seeds": 3, "reps": 50, "warmup": 5, "rounds": 1}
-
-(A single candidate may also be given inline: "library", "entry", ... at the top level;
-and the shape as "shape": [M, N, K] or "MxNxK".)
-Its result: ``{"status", "error", "device", "protocol", "candidates": [per candidate],
-"baselines": {name: per baseline}}``; per candidate or baseline ``{"name", "status" ("ok",
-"wrong", "run_error", "escaped", "capture_error", "unavailable", "timeout"), "time_us",
-"relerr", "error", "escaped", "event_vs_wall": {...}}``, and in graph or server mode that
-mode's figures (``"graph"``, ``"server"``). With a single candidate, its fields are also
-at the top level. A "probe" task (the same protocol fields, "shim", "probes") measures
-the run's floors: see :mod:`l2gen.measure`.
+"measure" and "probe" tasks on the GPU.
 """
 
 from __future__ import annotations
@@ -59,8 +38,6 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from .ir import Decomposition, Knobs, Raster
-
 DEFAULT_EXECUTOR = "l2gen.measure:execute"
 DEFAULT_TIMEOUT = 600.0  # seconds per task
 STARTUP_TIMEOUT = 300.0  # seconds for a new worker to say it is ready
@@ -72,25 +49,6 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 Note = Callable[[dict], None]
 Executor = Callable[[dict, Note], dict]
-
-
-def knobs_to_dict(knobs: Knobs) -> dict:
-    return {"raster": knobs.raster.value, "swizzle": knobs.swizzle, "splits": knobs.splits,
-            "decomposition": knobs.decomposition.value}
-
-
-def knobs_from_dict(d: dict | None) -> Knobs:
-    if not d:
-        return Knobs()
-    return Knobs(raster=Raster(d.get("raster", "heuristic")), swizzle=int(d.get("swizzle", 0)),
-                 splits=int(d.get("splits", 1)),
-                 decomposition=Decomposition(d.get("decomposition", "heuristic")))
-
-
-def failed(name: str, status: str, error: str | None) -> dict:
-    """A per-candidate (or per-baseline) result with no time."""
-    return {"name": name, "status": status, "time_us": None, "relerr": None, "error": error,
-            "escaped": None, "event_vs_wall": None}
 
 
 # ---- the worker process ---------------------------------------------------------------
@@ -355,93 +313,6 @@ class Worker:
             tail.append(line.rstrip("\n"))
             if self.echo_stderr:
                 sys.stderr.write(line)
-
-
-# ---- measuring through a worker, despite faulty candidates ----------------------------
-
-
-def normalize(task: dict) -> dict:
-    """A measure task with the single-candidate shorthand expanded."""
-    task = dict(task)
-    task.setdefault("kind", "measure")
-    if "shape" in task:  # [m, n, k] or "MxNxK"
-        shape = task.pop("shape")
-        if isinstance(shape, str):
-            shape = shape.lower().split("x")
-        task["m"], task["n"], task["k"] = (int(x) for x in shape)
-    if "library" in task and "candidates" not in task:
-        cand = {key: task.pop(key) for key in ("name", "library", "entry", "program_text",
-                                                "knobs") if key in task}
-        cand.setdefault("name", cand.get("entry", "candidate"))
-        task["candidates"] = [cand]
-    task.setdefault("candidates", [])
-    task.setdefault("baselines", [])
-    return task
-
-
-def measure(worker: Worker, task: dict, timeout: float | None = None) -> dict:
-    """Run a measure task to the end: a candidate that crashes or hangs the worker fails
-    alone, and the others are measured again without it.
-
-    The worker's last note says which candidate (or baseline) was being verified when it
-    died; that one gets the failure and the task is re-run without it. A failure while
-    timing (all runners interleaved, so no culprit) re-runs each candidate on its own with
-    the baselines; those candidates then carry their own ``baselines``.
-    """
-    task = normalize(task)
-    order = [c["name"] for c in task["candidates"]]
-    done: dict[str, dict] = {}
-    dropped_baselines: dict[str, dict] = {}
-    pending = list(task["candidates"])
-    baselines = list(task["baselines"])
-    for _ in range(len(pending) + len(baselines) + 2):
-        result = worker.run(dict(task, candidates=pending, baselines=baselines), timeout)
-        if result.get("status") == "ok":
-            for cand in result.get("candidates", []):
-                done[cand["name"]] = cand
-            merged = dict(result.get("baselines", {}), **dropped_baselines)
-            return _assemble(task, order, done, merged, result)
-        note = result.get("last_note") or {}
-        status, error = result.get("status", "run_error"), result.get("error")
-        if note.get("phase") == "verify" and note.get("candidate") in {c["name"] for c in pending}:
-            name = note["candidate"]
-            done[name] = failed(name, status, error)
-            pending = [c for c in pending if c["name"] != name]
-            continue
-        if note.get("phase") == "verify" and note.get("baseline") in baselines:
-            name = note["baseline"]
-            dropped_baselines[name] = failed(name, status, error)
-            baselines = [b for b in baselines if b != name]
-            continue
-        if note.get("phase") == "time" and len(pending) > 1:
-            for cand in pending:
-                alone = measure(worker, dict(task, candidates=[cand], baselines=baselines), timeout)
-                one = alone["candidates"][0] if alone.get("candidates") else failed(
-                    cand["name"], alone.get("status", "run_error"), alone.get("error"))
-                one["baselines"] = dict(alone.get("baselines", {}), **dropped_baselines)
-                done[cand["name"]] = one
-            return _assemble(task, order, done, dict(dropped_baselines), {"status": "ok"})
-        # No culprit to blame: everything still pending fails with the task.
-        for cand in pending:
-            done[cand["name"]] = failed(cand["name"], status, error)
-        for name in baselines:
-            dropped_baselines[name] = failed(name, status, error)
-        return _assemble(task, order, done, dropped_baselines, result)
-    raise AssertionError("measure: retry bound exceeded")  # each retry drops one runner
-
-
-def _assemble(task, order, done, baselines, result) -> dict:
-    out = {
-        "status": "ok" if result.get("status") == "ok" else result.get("status", "run_error"),
-        "error": None if result.get("status") == "ok" else result.get("error"),
-        "device": result.get("device"),
-        "protocol": result.get("protocol"),
-        "candidates": [done[name] for name in order],
-        "baselines": baselines,
-    }
-    if len(order) == 1:
-        out.update({k: v for k, v in out["candidates"][0].items() if k != "name"})
-    return out
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ Two implementations:
   and run with an analytic cost model of the target GPU. It is a *model, not a measurement*: it lets
   the search, the policies and the database be exercised and compared in CI with no GPU
   and no compiler, and nothing it says is a claim about real kernels.
-- :class:`DeviceEvaluator` lowers, builds (:func:`l2gen.build.build_many`) and hands the
-  built libraries to an injected ``run_candidates`` callable (the isolated GPU worker).
+- :class:`DeviceEvaluator` checks, lowers and builds through the runner's
+  :class:`~l2gen.runner.Builder` and hands the built libraries to an injected
+  ``run_candidates`` callable: :func:`worker_runner`, the runner's
+  :func:`~l2gen.runner.measure` in the isolated GPU worker, or a fake.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from typing import Callable, Protocol, Sequence
 from ..check import check
 from ..diagnostics import errors
 from ..ir import Program
-from ..lower import build_program
-from ..printer import format_program
-from ..problem import STATUSES, Measurement, Shape, Status, status_from_worker, unserved
+from ..problem import STATUSES, Measurement, Shape, Status, unserved
 from ..protocol import DEFAULT_L2
+from ..protocol import Protocol as Timing
+from ..runner import Builder, Settings, candidate_names, measure
 from ..targets import Gpu
 from ..timing import DEFAULT_ROUNDS
 from .base import Proposal
@@ -84,93 +86,58 @@ class DeviceEvaluator:
 
     ``bundle`` > 1 compiles a batch's new programs that many to an nvcc run
     (:func:`l2gen.build.build_bundle`): fewer core-seconds per program, a longer wait for
-    the batch. Knob-only variants share one build: each candidate is built from
-    :func:`build_program` (its knobs reset, its name canonical), deduplicated by the
-    KernelSource key, and launched with its own knobs.
+    the batch. Knob-only variants share one build: the :class:`~l2gen.runner.Builder`
+    builds each candidate's build program (its knobs reset, its name canonical), once per
+    configuration over the evaluator's life, and each is launched with its own knobs.
+    ``build_many`` and ``lower`` stand in for the compiler and the lowering (tests).
     """
 
     def __init__(self, gpu: Gpu, run_candidates: RunCandidates, *, build_many=None, lower=None, jobs: int | None = None, build_timeout: float = 600, progress=None, env: dict | None = None, bundle: int = 1,
                  l2: str = DEFAULT_L2):
-        if build_many is None:
-            if bundle > 1:  # several programs per nvcc run: headers parsed once for them
-
-                def build_many(sources, **kw):
-                    from ..build import build_bundle
-
-                    return build_bundle(sources, max_size=bundle, **kw)
-            else:
-                from ..build import build_many
-        if lower is None:
-            from ..lower import lower
         self.gpu = gpu
         self.l2 = l2  # the L2 protocol run_candidates times under (the search files it with each measurement)
         self.run_candidates = run_candidates
-        self.build_many = build_many
-        self.lower = lower
-        self.jobs = jobs
-        self.build_timeout = build_timeout
+        self.builder = Builder(gpu, jobs=jobs, timeout=build_timeout, bundle=bundle, build_many=build_many, lower=lower)
         self.progress = progress
         if env is None:
             from ..db import collect_env
 
             env = collect_env()
         self.env = env  # toolchain versions recorded with every measurement
-        self._builds: dict[str, object] = {}  # KernelSource key -> BuildResult
-        self.builds_requested = 0  # sources handed to build_many (for tests and logs)
+
+    @property
+    def builds_requested(self) -> int:
+        """Sources handed to the compiler so far (for tests and logs)."""
+        return self.builder.requested
 
     def evaluate(self, shape: Shape, proposals: Sequence[Proposal], on_result: OnResult | None = None) -> list[Measurement]:
         out: list = [None] * len(proposals)
-        sources: dict[int, object] = {}
+        todo: list[int] = []
+        why = unserved(shape)  # the checker's refusals come from the builder, as data
         for i, proposal in enumerate(proposals):
-            m = rejected(shape, proposal.program, self.gpu)
-            if m is not None:
-                _emit(out, on_result, i, m)
-                continue
-            try:
-                sources[i] = self.lower(build_program(proposal.program), self.gpu)
-            except Exception as exc:  # a checker/template disagreement: a bug, but data here
-                _emit(out, on_result, i, Measurement(shape, proposal.program, "build_error", error=f"lowering failed: {exc}"))
-        todo = {}
-        for source in sources.values():
-            if source.key not in self._builds:
-                todo.setdefault(source.key, source)
-        if todo:
-            self.builds_requested += len(todo)
-            try:
-                results = self.build_many(list(todo.values()), jobs=self.jobs, timeout=self.build_timeout, progress=self.progress)
-            except Exception as exc:
-                results = [None] * len(todo)
-                error = f"build_many raised: {exc!r}"
-            for key, result in zip(todo, results):
-                self._builds[key] = result if result is not None else _FailedBuild(error)
-        runnable: list[int] = []
-        for i, source in sources.items():
-            result = self._builds[source.key]
-            if not getattr(result, "ok", False) or getattr(result, "library", None) is None:
-                error = getattr(result, "error", None) or "build failed"
-                _emit(out, on_result, i, Measurement(shape, proposals[i].program, "build_error", error=str(error)))
+            if why:
+                _emit(out, on_result, i, Measurement(shape, proposal.program, "rejected", error=why))
             else:
-                runnable.append(i)
+                todo.append(i)
+        builds = self.builder.build([proposals[i].program for i in todo], progress=self.progress)
+        runnable = []
+        for i, build in zip(todo, builds):
+            if build.ok:
+                runnable.append((i, build))
+            else:
+                _emit(out, on_result, i, Measurement(shape, build.program, build.verdict, error=build.error))
         if not runnable:
             return out
-        candidates = [(self._builds[sources[i].key].library, sources[i].entry, proposals[i].program, proposals[i].program.knobs) for i in runnable]
+        candidates = [(build.result.library, build.source.entry, build.program, build.program.knobs) for _, build in runnable]
         try:
             rows = list(self.run_candidates(shape, candidates))
             if len(rows) != len(candidates):
                 raise RuntimeError(f"run_candidates returned {len(rows)} results for {len(candidates)} candidates")
         except Exception as exc:
             rows = [{"status": "run_error", "error": f"run_candidates raised: {exc!r}"}] * len(candidates)
-        for i, row in zip(runnable, rows):
-            _emit(out, on_result, i, _from_row(shape, proposals[i].program, row))
+        for (i, build), row in zip(runnable, rows):
+            _emit(out, on_result, i, _from_row(shape, build.program, row))
         return out
-
-
-class _FailedBuild:
-    ok = False
-    library = None
-
-    def __init__(self, error: str):
-        self.error = error
 
 
 def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
@@ -185,57 +152,44 @@ def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
 
 def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = DEFAULT_ROUNDS, gpu: Gpu | None = None,
                   l2: str = DEFAULT_L2, probes: str | None = None) -> RunCandidates:
-    """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.worker.measure`;
+    """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.runner.measure`;
     safe to call from several threads (calls take turns on the worker).
 
     One measure task per batch: the candidates and the cuBLAS baselines verified, then
     timed interleaved in the isolated worker, in events mode under the L2 protocol ``l2``
-    (``probes``: the timing probes library, else the worker builds it). ``baseline_us`` is the fastest baseline
-    that verified (per candidate, when the worker had to re-run one alone). A candidate
-    whose work escaped the timed stream, or with no baseline time to compare, is a
-    ``run_error``.
+    (``probes``: the timing probes library, else the worker builds it), with as many runs
+    per median as ``l2gen bench`` takes when ``gpu`` is given. ``baseline_us`` is the
+    fastest baseline that verified (per candidate, when the worker had to re-run one
+    alone). A candidate whose work escaped the timed stream, or with no baseline time to
+    compare, is a ``run_error``.
     """
     from ..baselines import BASELINES, cublas_best
-    from ..worker import knobs_to_dict, measure
+    from ..lower import build_program
+    from ..printer import format_program
+    from ..tasks import Candidate
 
-    wanted = list(baselines if baselines is not None else BASELINES)
+    settings = Settings(tuple(baselines if baselines is not None else BASELINES), b_layout, Timing("events", l2),
+                        shim, probes, seeds, reps, rounds)
     gpu_lock = threading.Lock()  # one worker, one GPU: shapes tuned in parallel take turns
 
-    def best_of(results: dict) -> float | None:
-        return cublas_best({name: r.get("time_us") for name, r in results.items() if r.get("status") == "ok"})
+    def best_of(results) -> float | None:
+        return cublas_best({name: r.time_us for name, r in results.items() if r.ok})
 
     def run(shape: Shape, candidates: list) -> list[dict]:
-        shape_reps = reps
-        if gpu is not None:
-            from ..bench import reps_for
-
-            shape_reps = reps_for(shape, gpu, reps)  # the same runs per median as l2gen bench takes
-        task = {
-            "kind": "measure", "m": shape.m, "n": shape.n, "k": shape.k, "b_layout": b_layout, "baselines": wanted, "shim": shim, "reps": shape_reps,
-            "rounds": rounds, "l2": l2, "mode": "events", "probes": probes,
-            "candidates": [
-                {"name": f"c{i}", "library": str(library), "entry": entry, "program_text": format_program(build_program(program)), "knobs": knobs_to_dict(knobs)}
-                for i, (library, entry, program, knobs) in enumerate(candidates)
-            ],
-        }
-        if seeds is not None:
-            task["seeds"] = seeds
-        timeout = None
-        if gpu is not None:
-            from ..bench import task_timeout
-
-            timeout = task_timeout(shape, gpu, len(candidates) + len(wanted))
+        names = candidate_names([program for _, _, program, _ in candidates])
+        wire = [Candidate(name, str(library), entry, format_program(build_program(program)), knobs)
+                for name, (library, entry, program, knobs) in zip(names, candidates)]
+        task, timeout = settings.task(shape, wire, gpu)
         with gpu_lock:
             outcome = measure(worker, task, timeout)
-        shared = best_of(outcome.get("baselines") or {})
+        shared = best_of(outcome.baselines)
         rows = []
-        for cand in outcome.get("candidates") or []:
-            base = best_of(cand["baselines"]) if "baselines" in cand else shared
-            status = status_from_worker(cand.get("status"))
-            error = cand.get("error")
+        for cand in outcome.candidates:
+            base = best_of(cand.baselines) if cand.baselines is not None else shared
+            status, error = cand.status.value, cand.error
             if status == "ok" and base is None:
                 status, error = "run_error", "no cuBLAS baseline verified and timed in this run"
-            rows.append({"status": status, "time_us": cand.get("time_us"), "baseline_us": base, "relerr": cand.get("relerr"), "error": error})
+            rows.append({"status": status, "time_us": cand.time_us, "baseline_us": base, "relerr": cand.relerr, "error": error})
         return rows
 
     return run

@@ -19,10 +19,16 @@ pytestmark = [
 SHAPES = [(64, 4096, 4096), (1024, 1024, 1024), (100, 200, 72), (4096, 4096, 4096)]
 
 
+def measure(worker, task: dict, timeout=None) -> dict:
+    """The runner's measure of a task given in its wire form; the result in wire form too."""
+    from l2gen.runner import measure as run_task
+    from l2gen.tasks import MeasureTask
+
+    return run_task(worker, MeasureTask.from_wire(task), timeout).to_wire()
+
+
 def run(worker, shim, m, n, k, layout="kn", reps=50):
     from l2gen.baselines import BASELINES
-    from l2gen.worker import measure
-
     r = measure(worker, {"kind": "measure", "m": m, "n": n, "k": k, "b_layout": layout,
                          "candidates": [], "baselines": list(BASELINES), "shim": shim,
                          "seeds": 2, "reps": reps})

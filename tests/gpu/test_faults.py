@@ -27,6 +27,14 @@ FAULTS = Path(__file__).resolve().parent / "faults"
 NAMES = ("good", "skip_k", "side_stream", "illegal_address", "hang")
 
 
+def measure(worker, task: dict, timeout=None) -> dict:
+    """The runner's measure of a task given in its wire form; the result in wire form too."""
+    from l2gen.runner import measure as run_task
+    from l2gen.tasks import MeasureTask
+
+    return run_task(worker, MeasureTask.from_wire(task), timeout).to_wire()
+
+
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory) -> dict[str, Path]:
     from l2gen.runtime import device_info
@@ -124,8 +132,6 @@ def test_library_binding_and_verify_in_process(libs):
 
 
 def test_good_kernel_is_ok_and_timed(libs, worker):
-    from l2gen.worker import measure
-
     r = measure(worker, task(libs, "good", m=200, n=136, k=64))
     assert r["status"] == "ok", r["error"]
     assert 0 < r["relerr"] < 1e-3
@@ -136,8 +142,6 @@ def test_good_kernel_is_ok_and_timed(libs, worker):
 def test_rounds_time_on_fresh_buffers_and_pool(libs, worker):
     """Three rounds: each round's median is reported, the pooled median lies among them,
     and a side-stream kernel is still caught (the escape check runs in the last round)."""
-    from l2gen.worker import measure
-
     r = measure(worker, task(libs, "good", "side_stream", m=1024, n=1024, k=1024, rounds=3))
     good, side = r["candidates"]
     assert good["status"] == "ok" and good["reps"] == 3 * 30
@@ -147,8 +151,6 @@ def test_rounds_time_on_fresh_buffers_and_pool(libs, worker):
 
 
 def test_a_skipping_k_is_wrong(libs, worker):
-    from l2gen.worker import measure
-
     r = measure(worker, task(libs, "skip_k", "good"))
     skip, good = r["candidates"]
     assert skip["status"] == "wrong" and skip["relerr"] > 1e-3 and skip["time_us"] is None
@@ -156,8 +158,6 @@ def test_a_skipping_k_is_wrong(libs, worker):
 
 
 def test_b_side_stream_is_flagged_by_event_vs_wall(libs, worker):
-    from l2gen.worker import measure
-
     r = measure(worker, task(libs, "side_stream", "good", m=1024, n=1024, k=1024))
     side, good = r["candidates"]
     assert side["relerr"] is not None and side["relerr"] < 1e-3  # verification passed
@@ -170,8 +170,6 @@ def test_b_side_stream_is_flagged_by_event_vs_wall(libs, worker):
 
 
 def test_c_illegal_address_is_run_error_and_the_worker_survives(libs, worker):
-    from l2gen.worker import measure
-
     before = measure(worker, task(libs, "good"))
     assert before["status"] == "ok"
     r = measure(worker, task(libs, "illegal_address", "good"))
@@ -185,8 +183,6 @@ def test_c_illegal_address_is_run_error_and_the_worker_survives(libs, worker):
 
 
 def test_d_hang_is_a_timeout_and_the_worker_survives(libs, worker):
-    from l2gen.worker import measure
-
     assert measure(worker, task(libs, "good"))["status"] == "ok"  # warm: no first-task grace
     r = measure(worker, task(libs, "hang", "good"), timeout=30)
     hang, good = r["candidates"]

@@ -19,6 +19,14 @@ pytestmark = [
 SHAPE = dict(m=256, n=1024, k=1024)
 
 
+def measure(worker, task: dict, timeout=None) -> dict:
+    """The runner's measure of a task given in its wire form; the result in wire form too."""
+    from l2gen.runner import measure as run_task
+    from l2gen.tasks import MeasureTask
+
+    return run_task(worker, MeasureTask.from_wire(task), timeout).to_wire()
+
+
 @pytest.fixture(scope="module")
 def device():
     """The probes, a stream and the L2 size, in this process."""
@@ -92,8 +100,6 @@ def test_the_runs_probe_measures_plausible_floors(worker, shim):
 
 
 def _measure(worker, shim, **protocol):
-    from l2gen.worker import measure
-
     r = measure(worker, {"kind": "measure", **SHAPE, "b_layout": "kn", "candidates": [], "baselines": ["cublas"],
                          "shim": shim, "seeds": 1, "reps": 30, **protocol})
     assert r["status"] == "ok", r.get("error")

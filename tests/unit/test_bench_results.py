@@ -16,6 +16,7 @@ from l2gen.ir import BLayout, Family, Program, Sm80Config, Tile
 from l2gen.problem import Shape
 from l2gen.protocol import Floors, Protocol
 from l2gen.targets import GPUS
+from l2gen.tasks import RunResult
 from l2gen.worker import Worker
 
 HERE = Path(__file__).resolve().parent
@@ -33,6 +34,29 @@ def ok_baselines(**override):
     return {n: {"name": n, "status": "ok", "time_us": t, "relerr": 2e-4} for n, t in times.items()}
 
 
+def make_row(shape, program, text, cand: dict, base: dict, floors, *names):
+    """bench.make_row of a candidate and baselines in the worker's wire form."""
+    return bench_mod.make_row(shape, program, text, RunResult.from_wire(cand), _runs(base), floors, *names)
+
+
+def shape_summary(shape, rows, base: dict, *names):
+    return bench_mod.shape_summary(shape, rows, _runs(base), *names)
+
+
+def _runs(base: dict) -> dict:
+    return {n: RunResult.from_wire(b, n) for n, b in base.items()}
+
+
+class FakeWorker:
+    """Answers each task the runner sends with ``answer(worker, wire task, timeout)``."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def run(self, task, timeout=None):
+        return self.answer(self, task, timeout)
+
+
 # ---- rows -----------------------------------------------------------------------------
 
 
@@ -43,7 +67,7 @@ def test_cublas_best_is_the_fastest_measured():
 
 def test_row_of_a_measured_program():
     shape = Shape(64, 4096, 4096)
-    row = bench_mod.make_row(shape, "p", "kernel p {}\n",
+    row = make_row(shape, "p", "kernel p {}\n",
                              {"status": "ok", "time_us": 8.0, "relerr": 3e-4, "error": None},
                              ok_baselines(), FLOORS)
     assert set(row) == ROW_KEYS
@@ -54,12 +78,12 @@ def test_row_of_a_measured_program():
     assert row["tflops"] == pytest.approx(2 * 64 * 4096 * 4096 / 8e-6 / 1e12)
     assert row["floor_pct"] == pytest.approx(100 * H200.floor_us(64, 4096, 4096) / 8.0)
     measured = Floors(3.0, 2.0, 500.0, "l", "s", "p")  # the run's own floors decide floor%
-    slow = bench_mod.make_row(shape, "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), measured)
+    slow = make_row(shape, "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), measured)
     assert slow["floor_pct"] == pytest.approx(100 * measured.floor_us(64, 4096, 4096) / 8.0)
 
 
 def test_row_of_a_failed_program_has_no_time():
-    row = bench_mod.make_row(Shape(8, 8, 8), "p", "", {"status": "wrong", "time_us": 5.0,
+    row = make_row(Shape(8, 8, 8), "p", "", {"status": "wrong", "time_us": 5.0,
                              "relerr": float("inf"), "error": "seed 0: relerr 0.5 > 0.001"},
                              ok_baselines(), FLOORS)
     assert row["status"] == "wrong" and row["error"].startswith("seed 0")
@@ -72,7 +96,7 @@ def test_row_with_failed_baselines():
     base = ok_baselines()
     base["cublaslt_autotuned"] = {"status": "unavailable", "time_us": None, "error": "no shim"}
     base["torch_matmul"] = {"status": "wrong", "time_us": 1.0, "error": "bad"}
-    row = bench_mod.make_row(Shape(8, 8, 8), "p", "", {"status": "ok", "time_us": 10.0}, base, FLOORS)
+    row = make_row(Shape(8, 8, 8), "p", "", {"status": "ok", "time_us": 10.0}, base, FLOORS)
     assert row["baselines"]["cublaslt_autotuned_us"] is None
     assert row["baselines"]["torch_matmul_us"] is None  # a wrong baseline has no time either
     assert row["cublas_best_us"] == 10.5
@@ -80,15 +104,15 @@ def test_row_with_failed_baselines():
 
 def test_shape_summary_picks_the_fastest_passing_program():
     shape = Shape(8, 8, 8)
-    rows = [bench_mod.make_row(shape, name, "", cand, ok_baselines(), FLOORS) for name, cand in [
+    rows = [make_row(shape, name, "", cand, ok_baselines(), FLOORS) for name, cand in [
         ("slow", {"status": "ok", "time_us": 20.0}),
         ("fast", {"status": "ok", "time_us": 8.0}),
         ("bad", {"status": "escaped", "time_us": None}),
     ]]
-    s = bench_mod.shape_summary(shape, rows, ok_baselines())
+    s = shape_summary(shape, rows, ok_baselines())
     assert s["best_program"] == "fast" and s["l2gen_us"] == 8.0
     assert s["speedup_vs_best"] == pytest.approx(9.5 / 8.0)
-    none = bench_mod.shape_summary(shape, rows[2:], ok_baselines())
+    none = shape_summary(shape, rows[2:], ok_baselines())
     assert none["best_program"] is None and none["speedup_vs_best"] is None
 
 
@@ -105,13 +129,13 @@ def test_results_file_is_strict_json(tmp_path):
 def _results():
     shape = Shape(64, 4096, 4096)
     rows = [
-        bench_mod.make_row(shape, "fast", "", {"status": "ok", "time_us": 8.0, "relerr": 2.5e-4},
+        make_row(shape, "fast", "", {"status": "ok", "time_us": 8.0, "relerr": 2.5e-4},
                            ok_baselines(), FLOORS),
-        bench_mod.make_row(shape, "broken", "", {"status": "run_error", "time_us": None,
+        make_row(shape, "broken", "", {"status": "run_error", "time_us": None,
                            "error": "worker died (killed by SIGSEGV)\nmore"}, ok_baselines(), FLOORS),
     ]
     return {"gpu": "h200", "rows": rows,
-            "shapes": [bench_mod.shape_summary(shape, rows, ok_baselines())]}
+            "shapes": [shape_summary(shape, rows, ok_baselines())]}
 
 
 def test_table_shows_time_rate_floor_speedups_and_relerr():
@@ -290,12 +314,11 @@ def test_knob_variants_share_a_build_and_only_limits_the_shapes(tmp_path, monkey
     monkeypatch.setattr(l2gen.build, "build_many", fake_build_many)
     monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
     monkeypatch.setattr(bench_mod, "build_probes", lambda timeout=600: "/fake/probes.so")
-    monkeypatch.setattr(bench_mod, "measure", fake_measure)
     monkeypatch.setattr(bench_mod, "probe_floors", lambda *a, **kw: FLOORS)
     a = _program("fast")
     b = dataclasses.replace(a, name="fast_along_m", knobs=Knobs(raster=Raster.ALONG_M))
     s1, s2 = Shape(64, 64, 64), Shape(128, 64, 64)
-    res = bench_mod.bench([a, b], [s1, s2], H200, out_json=tmp_path / "r.json", worker=object(),
+    res = bench_mod.bench([a, b], [s1, s2], H200, out_json=tmp_path / "r.json", worker=FakeWorker(fake_measure),
                           only={s2: {"fast_along_m"}}, progress=None)
     assert len(set(built)) == 1
     assert launched == [(64, "fast", "heuristic"), (64, "fast_along_m", "along_m"), (128, "fast_along_m", "along_m")]
@@ -325,16 +348,15 @@ def test_rounds_reach_the_task_and_each_rounds_median_reaches_the_row(tmp_path, 
     monkeypatch.setattr(l2gen.build, "build_many", lambda sources, **kw: [BuildResult(s, Path("/fake/x.so")) for s in sources])
     monkeypatch.setattr(bench_mod, "build_shim", lambda timeout=600: "/fake/shim.so")
     monkeypatch.setattr(bench_mod, "build_probes", lambda timeout=600: "/fake/probes.so")
-    monkeypatch.setattr(bench_mod, "measure", fake_measure)
     monkeypatch.setattr(bench_mod, "probe_floors", lambda *a, **kw: FLOORS)
     res = bench_mod.bench([_program("fast")], [Shape(64, 64, 64)], H200, out_json=tmp_path / "r.json",
-                          worker=object(), rounds=3, progress=None)
+                          worker=FakeWorker(fake_measure), rounds=3, progress=None)
     assert tasks[0]["rounds"] == 3 and res["rounds"] == 3
     row = res["rows"][0]
     assert set(row) == ROW_KEYS | {"round_us", "baseline_round_us"}
     assert row["round_us"] == [7.9, 8.0, 8.1]
     assert row["baseline_round_us"]["cublas_us"] == [11.0] * 3
-    plain = bench_mod.make_row(Shape(64, 64, 64), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), FLOORS)
+    plain = make_row(Shape(64, 64, 64), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), FLOORS)
     assert set(plain) == ROW_KEYS
 
 
@@ -363,10 +385,9 @@ def test_server_mode_reaches_the_task_and_its_medians_and_means_reach_the_file(t
                                for c in task["candidates"]]}
 
     _fake_build(monkeypatch)
-    monkeypatch.setattr(bench_mod, "measure", fake_measure)
     protocol = Protocol("server", qps=50.0, seed=7)
     res = bench_mod.bench([_program("fast")], [Shape(64, 64, 64)], H200, out_json=tmp_path / "r.json",
-                          worker=object(), protocol=protocol, progress=None, reps=30)
+                          worker=FakeWorker(fake_measure), protocol=protocol, progress=None, reps=30)
     task, timeout = tasks[0]
     assert (task["mode"], task["l2"], task["qps"], task["seed"]) == ("server", "clean", 50.0, 7)
     assert timeout >= 7 * 120 * 2 / 50  # 7 runners x 120 calls (a short shape: 4 x 30) at 50 per second, twice over
@@ -392,10 +413,9 @@ def test_graph_mode_gives_each_shape_its_calls_and_keeps_uncapturable_rows(tmp_p
         return {"status": "ok", "baselines": ok_baselines(), "candidates": cands}
 
     _fake_build(monkeypatch)
-    monkeypatch.setattr(bench_mod, "measure", fake_measure)
     shapes = [Shape(64, 64, 64), Shape(8192, 8192, 8192)]
     res = bench_mod.bench([_program("fast"), _program("slow")], shapes, H200, out_json=tmp_path / "r.json",
-                          worker=object(), protocol=Protocol("graph"), progress=None)
+                          worker=FakeWorker(fake_measure), protocol=Protocol("graph"), progress=None)
     assert [t["graph_calls"] for t in tasks] == [100, 10]  # a slow shape's graph holds fewer calls
     assert res["graph_calls"] == 100 and res["mode"] == "graph"
     by = {(r["program"], r["m"]): r for r in res["rows"]}
@@ -412,9 +432,8 @@ def test_the_baselines_alone(tmp_path, monkeypatch):
         return {"status": "ok", "baselines": ok_baselines(), "candidates": []}
 
     _fake_build(monkeypatch)
-    monkeypatch.setattr(bench_mod, "measure", fake_measure)
     lines = []
-    res = bench_mod.bench([], [Shape(16, 4096, 4096)], H200, out_json=tmp_path / "r.json", worker=object(),
+    res = bench_mod.bench([], [Shape(16, 4096, 4096)], H200, out_json=tmp_path / "r.json", worker=FakeWorker(fake_measure),
                           b_layout="nk", progress=lines.append)
     assert tasks[0]["candidates"] == [] and tasks[0]["b_layout"] == "nk" and res["b_layout"] == "nk"
     assert res["rows"] == [] and res["shapes"][0]["cublas_best_us"] == 9.5

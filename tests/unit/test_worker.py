@@ -1,5 +1,6 @@
-"""The worker protocol, with fake executors: results, timeouts, crashes, restarts, and the
-culprit-dropping retries of worker.measure(). No GPU: the executors below are injected."""
+"""The worker protocol, with fake executors: results, timeouts, crashes, restarts. No GPU:
+the executors below are injected (tests/unit/test_runner.py drives the runner's retries
+through them)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from l2gen.ir import Decomposition, Knobs, Raster
-from l2gen.runtime import device_count
-from l2gen.worker import Worker, knobs_from_dict, knobs_to_dict, measure, normalize
+from l2gen.worker import Worker
 
 HERE = Path(__file__).resolve().parent
 EXECUTOR = f"{Path(__file__).stem}:fake_execute"
@@ -151,93 +150,3 @@ def test_close_ends_the_process(worker):
     worker.close()
     assert proc.poll() is not None
     assert not worker.alive()
-
-
-# ---- measure(): faulty candidates fail alone ------------------------------------------
-
-
-def _cands(*names):
-    return [{"name": n, "library": f"/lib/{n}.so", "entry": n} for n in names]
-
-
-def test_measure_all_good(worker):
-    r = measure(worker, {"m": 8, "n": 8, "k": 8, "candidates": _cands("a", "b"),
-                         "baselines": ["cublas"]})
-    assert r["status"] == "ok"
-    assert [c["status"] for c in r["candidates"]] == ["ok", "ok"]
-    assert r["baselines"]["cublas"]["time_us"] == 12.0
-    assert r["protocol"] == {"mode": "events", "l2": "clean"}  # what the worker timed under comes back
-    assert worker.restarts == 0
-
-
-def test_measure_drops_the_candidate_that_crashed_or_hung(worker):
-    task = {"m": 8, "n": 8, "k": 8, "candidates": _cands("a", "crash1", "hang1", "b"),
-            "baselines": ["cublas"]}
-    r = measure(worker, task, timeout=2)
-    by = {c["name"]: c for c in r["candidates"]}
-    assert [c["name"] for c in r["candidates"]] == ["a", "crash1", "hang1", "b"]
-    assert by["a"]["status"] == "ok" and by["b"]["status"] == "ok"
-    assert by["crash1"]["status"] == "run_error" and "exit status 1" in by["crash1"]["error"]
-    assert by["hang1"]["status"] == "timeout" and by["hang1"]["time_us"] is None
-    assert r["baselines"]["cublas"]["status"] == "ok"
-    assert by["a"]["pid"] == by["b"]["pid"]  # measured together, in one final run
-
-
-def test_measure_drops_a_crashing_baseline(worker):
-    r = measure(worker, {"m": 8, "n": 8, "k": 8, "candidates": _cands("a"),
-                         "baselines": ["crashy", "cublas"]})
-    assert r["baselines"]["crashy"]["status"] == "run_error"
-    assert r["baselines"]["cublas"]["status"] == "ok"
-    assert r["candidates"][0]["status"] == "ok"
-
-
-def test_measure_failure_while_timing_measures_each_alone(worker):
-    r = measure(worker, {"m": 8, "n": 8, "k": 8, "candidates": _cands("a", "timecrash"),
-                         "baselines": ["cublas"]})
-    by = {c["name"]: c for c in r["candidates"]}
-    assert by["a"]["status"] == "ok"
-    assert by["timecrash"]["status"] == "wrong"
-    for c in by.values():  # each was timed with its own baselines
-        assert c["baselines"]["cublas"]["status"] == "ok"
-
-
-def test_measure_single_candidate_fields_on_top(worker):
-    r = measure(worker, {"kind": "measure", "m": 8, "n": 8, "k": 8, "library": "/x.so",
-                         "entry": "e", "name": "only"})
-    assert r["status"] == "ok" and r["time_us"] == 10.0 and r["relerr"] == 1e-4
-    r = measure(worker, {"m": 8, "n": 8, "k": 8, "library": "/x.so", "entry": "crash"})
-    assert r["status"] == "run_error" and r["time_us"] is None
-
-
-@pytest.mark.skipif(device_count() > 0, reason="a GPU is present: tests/gpu covers this")
-def test_the_real_executor_without_a_gpu_fails_cleanly():
-    w = Worker(timeout=120, first_task_grace=0)
-    try:
-        r = measure(w, {"m": 64, "n": 64, "k": 64, "library": "/nonexistent.so", "entry": "e",
-                        "baselines": ["cublas"]})
-    finally:
-        w.close()
-    assert r["status"] == "run_error" and r["time_us"] is None
-    assert "CudaError" in r["error"]
-    assert r["baselines"]["cublas"]["status"] == "run_error"
-
-
-# ---- records --------------------------------------------------------------------------
-
-
-def test_normalize_expands_the_single_candidate_form():
-    t = normalize({"m": 1, "n": 2, "k": 8, "library": "/l.so", "entry": "e",
-                   "program_text": "kernel x {}", "knobs": {"splits": 2}})
-    assert t["kind"] == "measure" and t["baselines"] == []
-    assert t["candidates"] == [{"name": "e", "library": "/l.so", "entry": "e",
-                                "program_text": "kernel x {}", "knobs": {"splits": 2}}]
-    assert "library" not in t
-    assert {k: normalize({"shape": "64x128x256"})[k] for k in "mnk"} == {"m": 64, "n": 128, "k": 256}
-    assert {k: normalize({"shape": [1, 2, 8]})[k] for k in "mnk"} == {"m": 1, "n": 2, "k": 8}
-
-
-def test_knobs_round_trip():
-    k = Knobs(raster=Raster.ALONG_N, swizzle=3, splits=4, decomposition=Decomposition.STREAM_K)
-    assert knobs_from_dict(knobs_to_dict(k)) == k
-    assert knobs_from_dict(None) == Knobs()
-    assert knobs_from_dict({"splits": 2}) == Knobs(splits=2)
