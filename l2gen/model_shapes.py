@@ -6,8 +6,8 @@ chunk). Their N and K follow from a few sizes of the model's ``transformers`` co
 (:class:`ModelDims`), read here from a ``config.json`` without importing
 ``transformers``, or from a built-in name (:data:`BUILTIN`, the published dimensions).
 A model that is not Llama-style is traced instead (:mod:`l2gen.model_trace`): one
-forward pass with hooks on its Linear layers. :func:`resolve_model` takes either, as the
-``l2gen shapes`` and ``l2gen tune --shapes-from`` commands do.
+forward pass with hooks on its Linear layers. :func:`l2gen.cli_model.resolve_model` takes
+either, as the ``l2gen shapes`` and ``l2gen tune --shapes-from`` commands do.
 
 The layers are named as the models name their modules, fused as vLLM runs them
 (``qkv_proj``, ``gate_up_proj``) or one per projection as ``transformers`` does
@@ -30,8 +30,8 @@ from .diagnostics import Diagnostic, DiagnosticError
 from .ir import NOWHERE, Span
 from .problem import Shape, unserved
 
-__all__ = ["BUILTIN", "ModelDims", "ModelShape", "config_shapes", "dims_from_config", "load_config", "merge", "model_dims", "parse_tokens",
-           "resolve_model", "suite_json"]
+__all__ = ["BUILTIN", "ModelDims", "ModelShape", "config_shapes", "dims_from_config", "load_config", "merge", "model_dims", "model_label",
+           "parse_tokens", "suite_json"]
 
 # The config keys a Llama-style model is read from; the ones in _OPTIONAL have defaults.
 _REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -237,24 +237,6 @@ def parse_tokens(text: str) -> list[int]:
 def model_label(name: str, tp: int) -> str:
     """How suites name a model's shapes: its name, with ``-tpN`` when sharded."""
     return name if tp == 1 else f"{name}-tp{tp}"
-
-
-def resolve_model(spec: str, tokens: Sequence[int], *, tp: int = 1, fused: bool = True, lm_head: bool = True,
-                  device: str = "meta") -> tuple[str, list[ModelShape]]:
-    """(label, shapes) of MODEL as the CLI takes it: a ``config.json`` (or a directory
-    holding one), a built-in name (:data:`BUILTIN`), or ``pkg.module:factory`` (a
-    callable returning an ``nn.Module``, traced on ``device``; :mod:`l2gen.model_trace`).
-    Raises DiagnosticError (E-CONFIG, E-TP, E-MODEL) with the location of the fault."""
-    if not tokens:
-        raise _error("no token counts to list shapes at", code="E-MODEL")
-    if ":" in spec and not Path(spec).exists() and spec.lower() not in BUILTIN:
-        if tp != 1:
-            raise _error("a traced model is one rank's model already: --tp applies to configs and built-in names", code="E-TP")
-        from .model_trace import trace_import
-
-        return spec, trace_import(spec, tokens, device=device)
-    dims = model_dims(spec, traced_too=True)
-    return model_label(dims.name, tp), config_shapes(dims, tokens, tp=tp, fused=fused, lm_head=lm_head)
 
 
 def model_dims(spec: str, *, traced_too: bool = False) -> ModelDims:
