@@ -12,7 +12,9 @@ module defines it, else token ids of shape (1, tokens): a language model's forwa
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from typing import Sequence
 
 from .diagnostics import Diagnostic, DiagnosticError
@@ -92,8 +94,9 @@ def trace_shapes(module, tokens: Sequence[int], *, device=None, where: str = "th
 
 def trace_import(spec: str, tokens: Sequence[int], *, device: str = "meta") -> list[ModelShape]:
     """:func:`trace_shapes` of the module that ``spec`` (``pkg.module:factory``, a
-    callable of no arguments returning an ``nn.Module``) builds under ``device`` (meta:
-    no memory for weights; cpu). Errors name the path (E-MODEL)."""
+    callable of no arguments returning an ``nn.Module``, importable from the working
+    directory too) builds under ``device`` (meta: no memory for weights; cpu). Errors
+    name the path (E-MODEL)."""
     try:
         import torch
     except ImportError:
@@ -101,6 +104,8 @@ def trace_import(spec: str, tokens: Sequence[int], *, device: str = "meta") -> l
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise _error(f"{spec}: a model to trace is given as pkg.module:factory")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: a module beside the caller is found
     try:
         mod = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or the module's own error on import

@@ -253,3 +253,15 @@ def test_a_traced_model_takes_no_tensor_parallel_degree():
     with pytest.raises(DiagnosticError) as exc:
         resolve_model(f"{__name__}:two_towers", [4], tp=2)
     assert "E-TP" in _error(exc)
+
+
+def test_a_module_in_the_working_directory_is_found_as_the_l2gen_command_runs(tmp_path, monkeypatch):
+    (tmp_path / "my_models_for_l2gen.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Embedding(10, 16), torch.nn.Linear(16, 24))\n")
+    monkeypatch.chdir(tmp_path)
+    import os
+    import sys
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])  # as the console script starts
+    _, shapes = resolve_model("my_models_for_l2gen:build", [5])
+    assert shapes == [ModelShape(5, 24, 16, ("*",), 1, 5)]  # (a Sequential's index reads * too)
