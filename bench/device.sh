@@ -6,6 +6,7 @@
 #   bash bench/device.sh info gputests bench bench2 compare
 #   bash bench/device.sh llm llm2 llmcompare graph server
 #   bash bench/device.sh tune-random tune-embedded shipdb dbbench dispatch pack
+#   bash bench/device.sh info e2e
 #   L2GEN_COMMIT=<sha> bash bench/device.sh info buildtime
 #
 # Every bench step times under an L2 protocol (BENCH_L2, default clean: a read pass over
@@ -41,6 +42,11 @@
 #   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
 #                  (results named $DISPATCH_NAME, default dispatch)
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
+#   e2e            bench/e2e_llama.py: a Llama-3.1-8B-sized model of E2E_LAYERS (2) layers, random
+#                  weights, with and without l2gen.patch, eager and under CUDA graphs: greedy
+#                  decode at batch 1, 16, 64 and a 2048-token prefill (E2E_ARGS: more options;
+#                  E2E_DB: the kernel database l2gen serves from, default the shipped one);
+#                  $RESULTS/$E2E_NAME.json (e2e), also copied to $OUT
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
 #   buildtime      cold builds of every example (bench/build_times.py): all at once with 16
@@ -202,6 +208,17 @@ for step in "$@"; do
         # shellcheck disable=SC2086
         python3 bench/host_overhead.py --device cuda $flags || status=1
       done 2>&1 | tee "$RESULTS/overhead.txt"
+      ;;
+    e2e)
+      name=${E2E_NAME:-e2e}
+      db=()
+      [ -n "${E2E_DB:-}" ] && db=(--db "$E2E_DB")
+      # shellcheck disable=SC2086
+      timeout "${E2E_TIMEOUT:-400}" python3 bench/e2e_llama.py --layers "${E2E_LAYERS:-2}" "${db[@]}" ${E2E_ARGS:-} \
+        --out "$RESULTS/$name.json" 2> "$RESULTS/$name.log" | tee "$RESULTS/$name.txt"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      tail -5 "$RESULTS/$name.log"
+      cp "$RESULTS/$name.json" "$OUT/" 2>/dev/null || echo "e2e: no results JSON (see $name.log)"
       ;;
     pack)
       python3 bench/pack_libs.py "$DB" "$OUT/libs.tar.xz" || status=1

@@ -212,10 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_late_commands(sub) -> None:
-    """bench, tune and db live in their own modules; import them only when used."""
-    from . import cli_run
+    """bench, tune, db and shapes live in their own modules; import them only when used."""
+    from . import cli_model, cli_run
 
     cli_run.add_commands(sub)
+    cli_model.add_commands(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,24 @@ def _layout(args) -> str:
     return args.b or suite or "kn"
 
 
+def _tune_layout(args) -> str:
+    """The B layout a tune measures: ``--b``, else the suite's, else nk for
+    ``--shapes-from`` (nn.Linear weights), else kn; sources that disagree are refused."""
+    named = {}
+    if args.b:
+        named["--b"] = args.b
+    if args.suite:
+        layout = suite_layout(args.suite)
+        if layout:
+            named[args.suite] = layout
+    if args.shapes_from:
+        named["--shapes-from"] = "nk"
+    if len(set(named.values())) > 1:
+        raise usage("E-USAGE", "the B layouts disagree: " + ", ".join(f"{k} {v}" for k, v in named.items())
+                    + " (one tune measures one layout)")
+    return next(iter(named.values()), "kn")
+
+
 def _protocol(args):
     """The bench's timing protocol from --mode, --l2, --qps, --graph-calls, --seed (exit 2
     if they do not make one)."""
@@ -95,8 +113,14 @@ def _shapes(args) -> list:
             raise usage("E-SHAPE", str(exc)) from None
     if args.suite:
         shapes += load_suite(args.suite)
+    if getattr(args, "shapes_from", None):
+        from .cli_model import shapes_from_args
+
+        shapes += shapes_from_args(args)
+    elif getattr(args, "tokens", None):
+        raise usage("E-USAGE", "--tokens without --shapes-from MODEL")
     if not shapes:
-        raise fail("E-SHAPE", "no shapes: give --shape MxNxK or --suite FILE")
+        raise fail("E-SHAPE", "no shapes: give --shape MxNxK or --suite FILE" + (" or --shapes-from MODEL" if hasattr(args, "shapes_from") else ""))
     return shapes
 
 
@@ -374,4 +398,4 @@ def add_commands(sub) -> None:
 
     from .cli_tune import add_commands as add_tune_commands
 
-    add_tune_commands(sub, _shapes)
+    add_tune_commands(sub, _shapes, _tune_layout)

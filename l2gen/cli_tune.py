@@ -6,16 +6,19 @@ import json
 from pathlib import Path
 
 from .cli_common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
+from .cli_model import add_model_options
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .timing import DEFAULT_ROUNDS, MIN_REPS
 from .validate import at_least, output_file, write_atomic
 
 
 def _policy(args):
+    from .ir import BLayout
     from .search.policies import EmbeddedPolicy, RandomPolicy
 
+    layout = BLayout(args.b_layout)
     if args.policy == "random":
-        return RandomPolicy(args.gpu, seed=args.seed)
+        return RandomPolicy(args.gpu, seed=args.seed, b_layout=layout)
     if args.policy == "embedded":
         from .search.policies import shipped_policy
 
@@ -26,10 +29,10 @@ def _policy(args):
                 eprint(f"[tune] embedded policy: starting from the trained state shipped for {args.gpu.name} (--fresh-policy to start from zero)")
         if state is not None:
             try:
-                return EmbeddedPolicy.load(state, gpu=args.gpu, seed=args.seed)
+                return EmbeddedPolicy.load(state, gpu=args.gpu, seed=args.seed, b_layout=layout)
             except (OSError, ValueError) as exc:
                 raise fail("E-POLICY", f"{state}: {exc}") from None
-        return EmbeddedPolicy(args.gpu, seed=args.seed)
+        return EmbeddedPolicy(args.gpu, seed=args.seed, b_layout=layout)
     from .search.llm import LLMConfig, LLMConfigError, LLMPolicy
 
     try:
@@ -61,16 +64,18 @@ def _evaluator(args):
     except ProbeError as exc:
         raise fail("E-PROBES", f"cannot build the timing probes: {exc}") from None
     progress = (lambda d, t, r: eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
-    runner = worker_runner(Worker(), shim=shim, gpu=args.gpu, reps=args.reps, rounds=args.rounds, l2=args.l2, probes=probes)
+    runner = worker_runner(Worker(), shim=shim, b_layout=args.b_layout, gpu=args.gpu, reps=args.reps, rounds=args.rounds, l2=args.l2,
+                           probes=probes)
     return DeviceEvaluator(args.gpu, runner, jobs=args.jobs, progress=progress, bundle=args.bundle, l2=args.l2)
 
 
-def cmd_tune(args, shapes_of) -> int:
+def cmd_tune(args, shapes_of, layout_of) -> int:
     from .console import reporter, show
     from .db import DEFAULT_DB, SIMULATED_DB, DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
     from .problem import unserved
     from .search.loop import TuneError, tune
 
+    args.b_layout = layout_of(args)
     shapes = shapes_of(args)
     for shape in shapes:  # before the database is opened (or made)
         why = unserved(shape)
@@ -97,7 +102,7 @@ def cmd_tune(args, shapes_of) -> int:
     try:
         with KernelDB(args.db) as db, reporter() as report:
             summary = tune(shapes, policy, evaluator, db, budget=args.budget, batch=args.batch, gpu=args.gpu, parallel=args.parallel,
-                           progress=report)
+                           progress=report, b_layout=args.b_layout)
     except DatabaseError as exc:
         raise fail("E-DB", f"{exc}; every measurement committed before it is kept") from None
     except (ValueError, TuneError) as exc:
@@ -200,11 +205,19 @@ def cmd_curves(args) -> int:
     return EXIT_OK
 
 
-def add_commands(sub, shapes_of) -> None:
+def add_commands(sub, shapes_of, layout_of) -> None:
+    """Register tune, curves and db; ``shapes_of(args)`` gives a tune's shapes and
+    ``layout_of(args)`` their B layout (:mod:`l2gen.cli_run` reads the suites)."""
     p = sub.add_parser("tune", help="search for the fastest programs per shape (RL over the DSL)")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file")
-    p.add_argument("--budget", type=at_least(1), default=32, help="measured candidates per shape")
+    p.add_argument("--shapes-from", metavar="MODEL", help="the GEMM shapes of a model's Linear layers at --tokens (see 'l2gen shapes'); "
+                   "B stored N x K")
+    add_model_options(p, required=False)
+    p.add_argument("--b", choices=("kn", "nk"), default=None,
+                   help="B's layout: kn (C = A @ B) or nk (C = A @ W.T, an nn.Linear weight); default: the suite's 'b', "
+                   "nk with --shapes-from, else kn")
+    p.add_argument("--budget", type=at_least(1), default=32, help="measured candidates per shape (of the tuned B layout)")
     p.add_argument("--batch", type=at_least(1), default=8, help="candidates proposed per step")
     p.add_argument("--parallel", type=at_least(1), default=1, help="shapes tuned at once (one shape's builds overlap another's measurement)")
     p.add_argument("--policy", choices=("embedded", "random", "llm"), default="embedded")
@@ -227,7 +240,7 @@ def add_commands(sub, shapes_of) -> None:
     p.add_argument("--llm-model", help="model name (default: $L2GEN_LLM_MODEL)")
     p.add_argument("--llm-mode", choices=("auto", "responses_grammar", "chat_grammar", "text"), default=None)
     p.add_argument("-v", "--verbose", action="store_true")
-    p.set_defaults(func=lambda args: cmd_tune(args, shapes_of))
+    p.set_defaults(func=lambda args: cmd_tune(args, shapes_of, layout_of))
 
     p = sub.add_parser("curves", help="best-so-far curves of tuning runs (their databases), side by side")
     p.add_argument("dbs", nargs="+", help="kernel databases, one per run (named by their policy)")

@@ -33,6 +33,7 @@ import datetime as _dt
 import functools
 import importlib.metadata
 import json
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -126,6 +127,15 @@ CREATE VIEW best AS
 
 _SCHEMA = _SCHEMA.replace("{best}", _BEST.strip().replace("{rows}", _ROWS) + ";")
 _BEST_VIEW = "CREATE VIEW best AS\n" + _BEST.strip().replace("{rows}", _ROWS)  # as sqlite_master keeps it
+
+_B_LINE = re.compile(r"^\s*b\s+(kn|nk)\s*$", re.MULTILINE)
+
+
+def _layout_of(program_text: str) -> str:
+    """The B layout a stored program's canonical text names (kn where it names none)."""
+    match = _B_LINE.search(program_text)
+    return match.group(1) if match else "kn"
+
 
 _COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env", "l2")
 
@@ -435,16 +445,19 @@ class KernelDB:
         assert row_id is not None
         return row_id
 
-    def add_new(self, measurement: Measurement, gpu: Gpu | str, policy: str, env: dict | None, *, budget: int) -> int | None:
+    def add_new(self, measurement: Measurement, gpu: Gpu | str, policy: str, env: dict | None, *, budget: int,
+                per_layout: bool = False) -> int | None:
         """Persist one tuning measurement unless it would be a duplicate: the shape (under
-        its protocol) already has ``budget`` rows, or this program was already measured
-        there by a run of an evaluator of the same kind (another tune on this database,
-        say). Check and insert are one write transaction, so two processes tuning one
-        database at once store each candidate once and no shape past its budget. Returns
-        the row id, or None if nothing was stored."""
-        return self._insert(measurement, gpu, policy, env, budget=budget)
+        its protocol; ``per_layout``: among the programs of the measurement's B layout)
+        already has ``budget`` rows, or this program was already measured there by a run
+        of an evaluator of the same kind (another tune on this database, say). Check and
+        insert are one write transaction, so two processes tuning one database at once
+        store each candidate once and no shape past its budget. Returns the row id, or
+        None if nothing was stored."""
+        return self._insert(measurement, gpu, policy, env, budget=budget, per_layout=per_layout)
 
-    def _insert(self, measurement: Measurement, gpu: Gpu | str, policy: str, env: dict | None, *, budget: int | None) -> int | None:
+    def _insert(self, measurement: Measurement, gpu: Gpu | str, policy: str, env: dict | None, *, budget: int | None,
+                per_layout: bool = False) -> int | None:
         if self.readonly:
             raise DatabaseError(f"{self.path}: opened read-only")
         self.check_gpu(gpu)
@@ -463,7 +476,11 @@ class KernelDB:
                 if budget is not None:
                     where = "gpu = ? AND l2 = ? AND m = ? AND n = ? AND k = ?"
                     shape = (name, m.l2, m.shape.m, m.shape.n, m.shape.k)
-                    count = conn.execute(f"SELECT count(*) FROM measurements WHERE {where}", shape).fetchone()[0]
+                    if per_layout:  # the layout is a line of the canonical text
+                        texts = conn.execute(f"SELECT program_text FROM measurements WHERE {where}", shape).fetchall()
+                        count = sum(_layout_of(t) == p.b_layout.value for (t,) in texts)
+                    else:
+                        count = conn.execute(f"SELECT count(*) FROM measurements WHERE {where}", shape).fetchone()[0]
                     seen = m.status != "rejected" and conn.execute(
                         f"SELECT 1 FROM measurements WHERE {where} AND program_key = ? AND status != 'rejected' LIMIT 1", shape + (key,)).fetchone()
                     if count >= budget or seen:

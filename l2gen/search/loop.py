@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from ..console import Columns, Reporter, as_reporter
-from ..ir import Program
+from ..ir import BLayout, Program
 from ..problem import Measurement, Shape, program_key, unserved
 from ..protocol import DEFAULT_L2
 from ..targets import Gpu
@@ -98,6 +98,7 @@ def tune(
     gpu: Gpu,
     progress: bool | Callable[[str], None] | Reporter | None = True,
     parallel: int = 1,
+    b_layout: BLayout | str = BLayout.KN,
 ) -> TuneSummary:
     """Tune each shape until ``budget`` candidates are measured for it (across runs).
 
@@ -121,6 +122,12 @@ def tune(
     threads: :class:`~l2gen.search.evaluate.DeviceEvaluator` is). With ``parallel > 1``
     the order in which shapes' results reach the policy depends on timing, so a seeded
     run is no longer exactly repeatable.
+
+    ``b_layout`` is how the tuned GEMMs store B (``nk``: an ``nn.Linear`` weight, N x K):
+    the run measures programs of that layout only. A proposal of the other layout (a
+    policy that does not know the run's, a program transferred from an earlier run) is
+    measured as the same decisions in the run's layout; the history, the bests the
+    policy starts from and a shape's budget count that layout's programs alone.
     """
     shapes = list(dict.fromkeys(Shape.parse(s) if isinstance(s, str) else s for s in shapes))
     if not shapes:
@@ -143,9 +150,10 @@ def tune(
     check_evidence = getattr(db, "check_evidence", None)
     if check_evidence is not None:  # simulated rows never share a database with measured ones
         check_evidence("simulated" if getattr(evaluator, "simulated", False) else "measured")
+    b_layout = BLayout(b_layout)
     prime = getattr(policy, "prime", None)
     if prime is not None:  # a policy that transfers between shapes starts from the database's bests
-        prime(db.best_all(gpu, l2=l2))
+        prime(db.best_all(gpu, l2=l2, b_layout=b_layout))
     lock = threading.RLock()
     report = as_reporter(progress)
 
@@ -158,8 +166,8 @@ def tune(
     summary.results = {shape: ShapeResult(shape) for shape in shapes}
     start = time.monotonic()
     stop = threading.Event()
-    run = _ShapeRun(policy, evaluator, db, budget, batch, gpu, env, say, start, lock, stop, report)
-    say(f"[tune] {len(shapes)} shape(s) on {gpu.name}, policy {policy.name}, budget {budget} per shape, batch {batch}, "
+    run = _ShapeRun(policy, evaluator, db, budget, batch, gpu, env, say, start, lock, stop, report, b_layout)
+    say(f"[tune] {len(shapes)} shape(s) on {gpu.name}, B {b_layout.value}, policy {policy.name}, budget {budget} per shape, batch {batch}, "
         f"{parallel} at once, db {getattr(db, 'path', db)}")
     where = getattr(db, "path", "the database")
     try:
@@ -201,8 +209,9 @@ class _ShapeRun:
     """Tunes one shape (a thread's whole job when shapes run in parallel)."""
 
     def __init__(self, policy: Policy, evaluator: Evaluator, db, budget: int, batch: int, gpu: Gpu, env: dict, say, start: float, lock,
-                 stop: threading.Event, report: Reporter):
+                 stop: threading.Event, report: Reporter, b_layout: BLayout = BLayout.KN):
         self.policy, self.evaluator, self.db, self.report = policy, evaluator, db, report
+        self.b_layout = b_layout
         self.l2 = getattr(evaluator, "l2", DEFAULT_L2)
         self.budget, self.batch, self.gpu, self.env = budget, batch, gpu, env
         self.say, self.start, self.lock, self.stop = say, start, lock, stop
@@ -215,14 +224,14 @@ class _ShapeRun:
         if add_new is None:
             self.db.add(m, self.gpu, self.policy.name, self.env)
             return True
-        return add_new(m, self.gpu, self.policy.name, self.env, budget=self.budget) is not None
+        return add_new(m, self.gpu, self.policy.name, self.env, budget=self.budget, per_layout=True) is not None
 
     def __call__(self, shape: Shape, result: ShapeResult) -> None:
         policy, db, gpu, batch, budget, say, lock = self.policy, self.db, self.gpu, self.batch, self.budget, self.say, self.lock
         if self.stop.is_set():
             return
         with lock:
-            history: list[Measurement] = list(db.history(gpu, shape, l2=self.l2))
+            history: list[Measurement] = [m for m in db.history(gpu, shape, l2=self.l2) if m.program.b_layout is self.b_layout]
             for m in history:
                 result.record(m)
             result.resumed = len(history)
@@ -253,6 +262,8 @@ class _ShapeRun:
             with lock:
                 proposals = policy.propose(shape, list(history), want)
             for p in proposals:
+                if p.program.b_layout is not self.b_layout and not p.meta.get("rejected"):
+                    p = replace(p, program=replace(p.program, b_layout=self.b_layout))
                 if len(fresh) >= want:
                     break
                 if p.meta.get("rejected"):  # already diagnosed by the policy (e.g. an unparsable LLM answer)
