@@ -647,6 +647,16 @@ def dispatcher(db: KernelDB | str | Path | None = None, *, b_layout: BLayout = B
     return _dispatcher_for(db, BLayout(b_layout))
 
 
+_DEFAULT_KEYS = {False: (None, BLayout.KN), True: (None, BLayout.NK)}
+
+
+def default_dispatcher(b_nk: bool) -> Dispatcher:
+    """``dispatcher(b_layout=NK if b_nk else KN)``, the default one, in one dictionary
+    look-up once it exists (the torch op asks for it on every call)."""
+    d = _dispatchers.get(_DEFAULT_KEYS[b_nk])
+    return d if d is not None else _dispatcher_for(None, BLayout.NK if b_nk else BLayout.KN)
+
+
 def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None) -> Dispatcher:
     """Make the default dispatchers (those of ``l2gen.matmul`` without ``db=`` and of the
     torch op, one per B layout) serve from ``db`` (None: ``$L2GEN_DB`` or the shipped

@@ -259,6 +259,19 @@ def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
     assert dispatch._default_entry == d.call  # a winner: calls go through the dispatcher
 
 
+def test_default_dispatcher_is_the_default_of_each_layout(db, monkeypatch):
+    monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "own_toolchain", lambda: {})
+    monkeypatch.setattr(dispatch, "_dispatchers", {})
+    monkeypatch.setattr(dispatch, "_default_entry", None)
+    monkeypatch.setattr(dispatch, "_torch_matmul", lambda: numpy_matmul)
+    nk = dispatch.default_dispatcher(True)  # made on first use, as dispatcher() makes it
+    assert nk.b_layout is BLayout.NK and nk is dispatch.dispatcher(b_layout=BLayout.NK)
+    made = dispatch.use_db(db)
+    assert dispatch.default_dispatcher(False) is made is dispatch.dispatcher()
+    assert dispatch.default_dispatcher(True) is dispatch.dispatcher(b_layout=BLayout.NK) is not nk
+
+
 def test_an_idle_default_dispatcher_hands_l2gen_matmul_the_fallback_itself(tmp_path, monkeypatch):
     slow = KernelDB(tmp_path / "slow.db")
     slow.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=12.0, baseline_us=10.0), H200)
