@@ -42,6 +42,7 @@
 #   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
 #                  (results named $DISPATCH_NAME, default dispatch)
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
+#                  (unserved shapes, and --served: a winner serving fresh tensors every call)
 #   e2e            bench/e2e_llama.py: a Llama-3.1-8B-sized model of E2E_LAYERS (2) layers, random
 #                  weights, with and without l2gen.patch, eager and under CUDA graphs: greedy
 #                  decode at batch 1, 16, 64 and a 2048-token prefill (E2E_ARGS: more options;
@@ -200,10 +201,11 @@ for step in "$@"; do
         2> "$RESULTS/${DISPATCH_NAME:-dispatch}.log" || status=1
       ;;
     overhead)
-      # host time per call on 8 x 8 operands: no database (every call falls back), and a
+      # host time per call on 8 x 8 operands: no database (every call falls back), a
       # database whose one winner serves another shape (the unserved path), with and
-      # without out=
-      for flags in "" "--winner" "--winner --no-out"; do
+      # without out=, and one whose winner (a CUTLASS sm90a program, built here) serves the
+      # timed shape, on fresh tensors every call
+      for flags in "" "--winner" "--winner --no-out" "--served" "--served --no-out"; do
         echo "-- host_overhead.py --device cuda $flags"
         # shellcheck disable=SC2086
         python3 bench/host_overhead.py --device cuda $flags || status=1

@@ -110,6 +110,11 @@ class Launcher(Protocol):
         ``ldb``: B's leading dimension, N for B stored K x N and K for B stored N x K
         (A's is K and C's N)."""
 
+    # Optional: bind(kernel, m, n, k, ldb, knobs) -> run(a, b, out, workspace, stream) -> int,
+    # the launch of one shape with what does not change between its calls converted once
+    # (``stream``: what stream() returned for the call). A launcher without it is called
+    # through launch() (see bound_launch).
+
     def capturing(self) -> bool:
         """Whether the current stream is capturing a CUDA graph (no checks then)."""
 
@@ -141,6 +146,7 @@ class _Ready:
     n: int = 0
     k: int = 0
     verified: bool = False
+    run: Callable | None = None  # run(a, b, out, workspace, stream) -> status: see bound_launch
 
 
 _FALLBACK = object()  # a shape served by the fallback for good
@@ -153,6 +159,20 @@ def bucket(shape: Shape) -> tuple[int, int, int]:
 
 def _distance(a: Shape, b: Shape) -> float:
     return sum(abs(math.log2(x / y)) for x, y in ((a.m, b.m), (a.n, b.n), (a.k, b.k)))
+
+
+def bound_launch(launcher: Launcher, kernel: Any, m: int, n: int, k: int, ldb: int, knobs: Knobs) -> Callable:
+    """``run(a, b, out, workspace, stream) -> status``: the launch of ``kernel`` on one shape,
+    made once per shape. The launcher's own ``bind`` where it has one (the real launcher
+    converts the call's constant arguments once there), else a call of its ``launch``."""
+    bind = getattr(launcher, "bind", None)
+    if bind is not None:
+        return bind(kernel, m, n, k, ldb, knobs)
+
+    def run(a, b, out, workspace, stream):
+        return launcher.launch(kernel, a, b, out, m, n, k, ldb, knobs, workspace)
+
+    return run
 
 
 class Dispatcher:
@@ -358,8 +378,11 @@ class Dispatcher:
                 return None
         c = out if out is not None else launcher.empty(a, m, n)
         try:
-            workspace = self._workspace(state, launcher, a)
-            rc = launcher.launch(state.kernel, a, b, c, m, n, k, k if self._nk else n, state.knobs, workspace)
+            stream = launcher.stream(a)
+            workspace = state.workspaces.get(stream)
+            if workspace is None:
+                workspace = self._workspace(state, launcher, a, stream)
+            rc = state.run(a, b, c, workspace, stream)
         except Exception as exc:
             return self._give_up(m, n, k, f"launch raised {exc!r}")
         if rc != 0:
@@ -399,16 +422,18 @@ class Dispatcher:
         if kernel is None:
             kernel = self.launcher.load(plan.program, self.gpu)
             self._kernels[key] = kernel
-        state = _Ready(kernel, plan.program.knobs, {}, plan, m, n, k)
-        self._workspace(state, self.launcher, like)  # the first stream's, before the first launch
+        knobs = plan.program.knobs
+        run = bound_launch(self.launcher, kernel, m, n, k, k if self._nk else n, knobs)
+        state = _Ready(kernel, knobs, {}, plan, m, n, k, run=run)
+        self._workspace(state, self.launcher, like, self.launcher.stream(like))  # the first stream's, before the first launch
         return state
 
-    def _workspace(self, state: _Ready, launcher: Launcher, like) -> Any:
-        """The workspace of ``state``'s kernel for the current stream: one per stream, made
-        on a stream's first call (outside graph capture). While a CUDA graph is captured,
-        a stream with none gets one for that call alone, from the graph's memory pool, so
-        it lives as long as the graph that uses it and is never shared with another call."""
-        stream = launcher.stream(like)
+    def _workspace(self, state: _Ready, launcher: Launcher, like, stream) -> Any:
+        """The workspace of ``state``'s kernel for ``stream`` (the current one): one per
+        stream, made on a stream's first call (outside graph capture). While a CUDA graph is
+        captured, a stream with none gets one for that call alone, from the graph's memory
+        pool, so it lives as long as the graph that uses it and is never shared with another
+        call."""
         ws = state.workspaces.get(stream)
         if ws is not None:
             return ws
@@ -479,6 +504,11 @@ class TorchLauncher:
 
         self.torch = torch
         self._build_many = build_many
+        # The current stream's handle by device index: torch's raw accessor where its build
+        # has one (CUDA builds; what code torch.compile generates calls), else through a
+        # torch.cuda.Stream object, which costs more per call.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._raw_stream = raw if raw is not None else (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
     def load(self, program: Program, gpu: Gpu):
         from .runner import Builder
@@ -490,33 +520,47 @@ class TorchLauncher:
         return Library.load(built.result.library, built.source.entry)
 
     def workspace(self, kernel, m: int, n: int, k: int, knobs: Knobs, like) -> tuple:
+        """(buffer, bytes, address): (None, 0, None) where the launch needs none."""
         nbytes = kernel.workspace_size(m, n, k, knobs)
         if nbytes == 0:
-            return (None, 0)
+            return (None, 0, None)
         # Zeroed once, on the stream that will use it: a kernel that counts arrivals in its
         # workspace leaves it zeroed again (templates/common.cuh.j2), so it is never cleared
         # per call.
-        return (self.torch.zeros(nbytes, dtype=self.torch.uint8, device=like.device), nbytes)
+        buf = self.torch.zeros(nbytes, dtype=self.torch.uint8, device=like.device)
+        return (buf, nbytes, buf.data_ptr())
 
     def stream(self, like) -> int:
-        return self.torch.cuda.current_stream(like.device).cuda_stream
+        return self._raw_stream(like.get_device())
 
     def eligible(self, a, b, out) -> bool:
         f16 = self.torch.float16
-        ok = a.dtype is f16 and b.dtype is f16 and a.is_cuda and b.device == a.device
+        ok = a.dtype is f16 and b.dtype is f16 and a.is_cuda and b.get_device() == a.get_device()
         ok = ok and a.dim() == 2 and b.dim() == 2 and a.is_contiguous() and b.is_contiguous()
-        ok = ok and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+        ok = ok and (a.data_ptr() | b.data_ptr()) & 15 == 0
         if ok and out is not None:
-            ok = out.dtype is f16 and out.device == a.device and out.is_contiguous() and out.data_ptr() % 16 == 0
+            ok = out.dtype is f16 and out.get_device() == a.get_device() and out.is_contiguous() and out.data_ptr() & 15 == 0
         return bool(ok)
 
     def empty(self, like, m: int, n: int):
-        return self.torch.empty((m, n), dtype=like.dtype, device=like.device)
+        return like.new_empty(m, n)  # like's dtype and device, fewer arguments to parse than torch.empty
 
     def launch(self, kernel, a, b, out, m: int, n: int, k: int, ldb: int, knobs: Knobs, workspace) -> int:
-        buf, nbytes = workspace
-        stream = self.torch.cuda.current_stream(a.device).cuda_stream
+        buf, nbytes = workspace[:2]
+        stream = self.stream(a)
         return kernel.launch(a, b, out, m, n, k, k, ldb, n, knobs, buf, nbytes, stream, check=False)
+
+    def bind(self, kernel, m: int, n: int, k: int, ldb: int, knobs: Knobs):
+        """``launch`` for one shape, made once: the entry's constant arguments converted to
+        ctypes integers here, so a call converts only the three addresses, the workspace
+        and the stream."""
+        entry = kernel.entry_function
+        middle = kernel.constant_args(m, n, k, k, ldb, n, knobs)
+
+        def run(a, b, out, workspace, stream):
+            return entry(a.data_ptr(), b.data_ptr(), out.data_ptr(), *middle, workspace[2], workspace[1], stream)
+
+        return run
 
     def capturing(self) -> bool:
         return bool(self.torch.cuda.is_current_stream_capturing())
@@ -598,6 +642,16 @@ def dispatcher(db: KernelDB | str | Path | None = None, *, b_layout: BLayout = B
     """The dispatcher that serves B stored as ``b_layout`` from ``db`` (None: the default
     one, see :func:`use_db`), made on first use and kept."""
     return _dispatcher_for(db, BLayout(b_layout))
+
+
+_DEFAULT_KEYS = {False: (None, BLayout.KN), True: (None, BLayout.NK)}
+
+
+def default_dispatcher(b_nk: bool) -> Dispatcher:
+    """``dispatcher(b_layout=NK if b_nk else KN)``, the default one, in one dictionary
+    look-up once it exists (the torch op asks for it on every call)."""
+    d = _dispatchers.get(_DEFAULT_KEYS[b_nk])
+    return d if d is not None else _dispatcher_for(None, BLayout.NK if b_nk else BLayout.KN)
 
 
 def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None) -> Dispatcher:

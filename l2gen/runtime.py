@@ -459,6 +459,20 @@ class Library:
                 lib = _LIBRARIES[key] = cls(key[0], entry)
             return lib
 
+    @property
+    def entry_function(self):
+        """The ctypes function of the entry ``E``, its argument types set (``_ENTRY_ARGS``):
+        for a caller that converts the arguments of many calls once (:meth:`constant_args`)."""
+        return self._run
+
+    @staticmethod
+    def constant_args(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, knobs: Knobs = Knobs()) -> tuple:
+        """The entry's arguments from M to the knobs (ABI order), as ctypes integers made once:
+        ctypes passes them as they are, where it converts a Python int on every call.
+        ``entry_function(a, b, c, *constant_args(...), workspace, workspace_bytes, stream)``
+        is :meth:`launch` without its conversions."""
+        return tuple(ctypes.c_int(v) for v in (m, n, k, lda, ldb, ldc, *knobs.as_args()))
+
     def program_text(self) -> str:
         """The canonical DSL text the library was built from."""
         return self._program().decode()

@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from . import dispatch
-from .ir import BLayout
 
 __all__ = ["linear", "mm"]
 
@@ -71,17 +70,19 @@ def _served(a, b, b_nk: bool, bias, out):
         return None
     if bias is not None and (bias.shape != (n,) or bias.dtype != a.dtype or bias.device != a.device):
         return None
-    lead = a.shape[:-1]
     flat = a.dim() != 2
     if flat:
         if not a.is_contiguous():
             return None
+        lead = a.shape[:-1]
         a = a.view(-1, k)
-    if out is not None:
-        if out.shape != lead + (n,) or not out.is_contiguous():
-            return None
-        out = out.view(-1, n)
-    c = dispatch.dispatcher(b_layout=BLayout.NK if b_nk else BLayout.KN).serve(a, b, out)
+        if out is not None:
+            if out.shape != lead + (n,) or not out.is_contiguous():
+                return None
+            out = out.view(-1, n)
+    elif out is not None and (out.shape != (a.shape[0], n) or not out.is_contiguous()):
+        return None
+    c = dispatch.default_dispatcher(b_nk).serve(a, b, out)
     if c is None:
         return None
     if bias is not None:

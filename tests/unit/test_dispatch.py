@@ -259,6 +259,19 @@ def test_use_db_sets_what_l2gen_matmul_serves_from(db, monkeypatch):
     assert dispatch._default_entry == d.call  # a winner: calls go through the dispatcher
 
 
+def test_default_dispatcher_is_the_default_of_each_layout(db, monkeypatch):
+    monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "own_toolchain", lambda: {})
+    monkeypatch.setattr(dispatch, "_dispatchers", {})
+    monkeypatch.setattr(dispatch, "_default_entry", None)
+    monkeypatch.setattr(dispatch, "_torch_matmul", lambda: numpy_matmul)
+    nk = dispatch.default_dispatcher(True)  # made on first use, as dispatcher() makes it
+    assert nk.b_layout is BLayout.NK and nk is dispatch.dispatcher(b_layout=BLayout.NK)
+    made = dispatch.use_db(db)
+    assert dispatch.default_dispatcher(False) is made is dispatch.dispatcher()
+    assert dispatch.default_dispatcher(True) is dispatch.dispatcher(b_layout=BLayout.NK) is not nk
+
+
 def test_an_idle_default_dispatcher_hands_l2gen_matmul_the_fallback_itself(tmp_path, monkeypatch):
     slow = KernelDB(tmp_path / "slow.db")
     slow.add(Measurement(Shape(64, 256, 512), program(128, 128), "ok", time_us=12.0, baseline_us=10.0), H200)
@@ -616,3 +629,86 @@ def test_only_rows_of_this_toolchain_and_never_simulated_ones_are_served(tmp_pat
         assert d.plan(64, 256, 512) is None and d.entry is d._fallback
         d = Dispatcher(sim, H200, launcher=FakeLauncher(), fallback=numpy_matmul, toolchain={})
         assert d.plan(64, 256, 512) is None  # simulated rows are never served, whatever the toolchain
+
+
+class BindingLauncher(FakeLauncher):
+    """A launcher with ``bind``: each shape's launch made once, then run per call. Counts
+    binds, runs and stream look-ups; launch() itself must not be called."""
+
+    def __init__(self, *, run_rc=0, run_raises=False):
+        super().__init__()
+        self.run_rc, self.run_raises = run_rc, run_raises
+        self.binds: list = []
+        self.runs: list = []
+        self.streams = 0
+
+    def stream(self, like):
+        self.streams += 1
+        return super().stream(like)
+
+    def bind(self, kernel, m, n, k, ldb, knobs):
+        self.binds.append((kernel[1], m, n, k, ldb, knobs))
+
+        def run(a, b, out, workspace, stream):
+            self.runs.append((m, n, k, id(workspace), stream))
+            if self.run_raises:
+                raise OSError("segfault-ish")
+            if self.run_rc:
+                return self.run_rc
+            return FakeLauncher.launch(self, kernel, a, b, out, m, n, k, ldb, knobs, workspace)
+
+        return run
+
+    def launch(self, *args):
+        raise AssertionError("a launcher with bind is run through what bind returned")
+
+
+def test_a_launcher_that_binds_is_bound_once_per_shape_and_run_per_call(db):
+    fake = BindingLauncher()
+    d = make(db, fake)
+    shapes = ((64, 256, 512), (1024, 1024, 1024))
+    for i in range(3):
+        for m, n, k in shapes:
+            a, b = arrays(m, n, k, seed=i)
+            out = None if i % 2 else np.empty((m, n), np.float16)
+            c = d(a, b, out)
+            assert np.array_equal(c, numpy_matmul(a, b)) and (out is None or c is out)
+    assert [(name, m, n, k, ldb) for name, m, n, k, ldb, _ in fake.binds] == [
+        (program(128, 128).name, 64, 256, 512, 256), (program(256, 128).name, 1024, 1024, 1024, 1024)]
+    assert [r[:3] for r in fake.runs] == list(shapes) * 3
+    # one stream look-up per call (and one when a shape's first workspace is made), and
+    # each call ran with that stream's workspace
+    assert fake.streams == len(fake.runs) + len(shapes)
+    assert {r[3] for r in fake.runs if r[:3] == shapes[0]} == {id(d._shapes[shapes[0]].workspaces[0])}
+    assert {r[4] for r in fake.runs} == {0}
+
+
+def test_an_nk_launcher_that_binds_gets_ldb_k(db):
+    fake = BindingLauncher()
+    d = make(db, fake, b_layout=BLayout.NK)
+    a, w = arrays(32, 32, 32)[0], arrays(32, 32, 32, seed=1)[1].T.copy()  # w: N x K
+    assert np.array_equal(d(a, w), numpy_matmul(a, w.T))
+    assert [b[1:5] for b in fake.binds] == [(32, 32, 32, 32)]
+
+
+@pytest.mark.parametrize("launcher, why", [(BindingLauncher(run_rc=3), "status 3"),
+                                           (BindingLauncher(run_raises=True), "launch raised")])
+def test_a_bound_launch_that_fails_falls_back_and_logs_once(db, launcher, why, caplog):
+    d = make(db, launcher)
+    a, b = arrays(64, 256, 512)
+    with caplog.at_level(logging.WARNING, logger="l2gen.dispatch"):
+        for _ in range(3):
+            assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and why in warnings[0].getMessage()
+    assert d.served_by(64, 256, 512) == "fallback" and len(launcher.runs) == 1
+
+
+def test_a_launcher_without_bind_is_launched_per_call_as_before(db):
+    fake = FakeLauncher()
+    assert not hasattr(fake, "bind")
+    run = dispatch.bound_launch(fake, ("kernel", "p", BLayout.KN), 64, 256, 512, 256, program().knobs)
+    a, b = arrays(64, 256, 512)
+    out = np.empty((64, 256), np.float16)
+    assert run(a, b, out, bytearray(16), 0) == 0 and np.array_equal(out, numpy_matmul(a, b))
+    assert fake.launches == [(("kernel", "p", BLayout.KN), 64, 256, 512, program().knobs, 256)]

@@ -1,0 +1,103 @@
+"""The real launcher's per-shape launch, on the CPU: what ``TorchLauncher.bind`` hands the
+library's entry is what ``Library.launch`` hands it.
+
+The entry is a ctypes callback with the entry's prototype (``runtime._ENTRY_ARGS``), so
+every argument goes through ctypes' conversions as it does into a built library, and comes
+back as the C values the library would see.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from l2gen.dispatch import TorchLauncher  # noqa: E402
+from l2gen.ir import Decomposition, Knobs, Raster  # noqa: E402
+from l2gen.runtime import _ENTRY_ARGS, Library  # noqa: E402
+
+
+class RecordingLibrary:
+    """A Library whose entry is a C-callable Python function that records its arguments."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        prototype = ctypes.CFUNCTYPE(ctypes.c_int, *_ENTRY_ARGS)
+        self.callback = prototype(self._record)  # kept alive as long as the library
+        self.library = Library.__new__(Library)  # no shared object: the entry is the callback
+        self.library.entry = "E"
+        self.library._run = self.callback
+
+    def _record(self, *args) -> int:
+        self.calls.append(args)
+        return 0
+
+
+def tensors(m, n, k, nk):
+    a = torch.empty((m, k), dtype=torch.float16)
+    b = torch.empty((n, k) if nk else (k, n), dtype=torch.float16)
+    return a, b, torch.empty((m, n), dtype=torch.float16)
+
+
+@pytest.mark.parametrize("nk", [False, True])
+@pytest.mark.parametrize("with_workspace", [False, True])
+def test_a_bound_launch_passes_the_entry_what_library_launch_passes(nk, with_workspace, monkeypatch):
+    rec = RecordingLibrary()
+    launcher = TorchLauncher()
+    monkeypatch.setattr(launcher, "stream", lambda like: 0x7F00DEAD)
+    m, n, k = 64, 256, 512
+    ldb = k if nk else n
+    knobs = Knobs(raster=Raster.ALONG_N, swizzle=2, splits=3, decomposition=Decomposition.SPLIT_K)
+    a, b, c = tensors(m, n, k, nk)
+    buf = torch.zeros(4096, dtype=torch.uint8) if with_workspace else None
+    workspace = (buf, 4096, buf.data_ptr()) if with_workspace else (None, 0, None)
+    run = launcher.bind(rec.library, m, n, k, ldb, knobs)
+    for _ in range(2):  # the constant arguments, converted once, serve every call
+        assert run(a, b, c, workspace, 0x7F00DEAD) == 0
+    rec.library.launch(a, b, c, m, n, k, k, ldb, n, knobs, buf, workspace[1], 0x7F00DEAD, check=False)
+    assert launcher.launch(rec.library, a, b, c, m, n, k, ldb, knobs, workspace) == 0
+    expected = (a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, k, ldb, n, 2, 2, 3, 2,
+                buf.data_ptr() if with_workspace else None, workspace[1], 0x7F00DEAD)
+    assert rec.calls == [expected] * 4
+
+
+def test_each_call_passes_its_own_addresses():
+    rec = RecordingLibrary()
+    run = TorchLauncher().bind(rec.library, 8, 8, 8, 8, Knobs())
+    sets = [tensors(8, 8, 8, False) for _ in range(3)]
+    for a, b, c in sets:
+        run(a, b, c, (None, 0, None), 0)
+    assert [call[:3] for call in rec.calls] == [(a.data_ptr(), b.data_ptr(), c.data_ptr()) for a, b, c in sets]
+
+
+def test_constant_args_are_ctypes_integers_in_abi_order():
+    args = Library.constant_args(1, 2, 3, 4, 5, 6, Knobs(raster=Raster.ALONG_M, swizzle=1, splits=7))
+    assert all(type(x) is ctypes.c_int for x in args)
+    assert [x.value for x in args] == [1, 2, 3, 4, 5, 6, 1, 1, 7, 0]
+
+
+def test_empty_is_like_its_model():
+    like = torch.empty((3, 5), dtype=torch.float16)
+    out = TorchLauncher().empty(like, 64, 24)
+    assert out.shape == (64, 24) and out.dtype is torch.float16 and out.device == like.device
+    assert out.is_contiguous() and not out.requires_grad
+
+
+def test_the_stream_comes_from_torchs_raw_accessor_where_there_is_one(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: asked.append(index) or 4242, raising=False)
+    assert TorchLauncher().stream(torch.empty(1)) == 4242 and asked == [-1]
+
+
+def test_without_the_raw_accessor_the_stream_comes_from_a_stream_object(monkeypatch):
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index: SimpleNamespace(cuda_stream=1000 + index))
+    assert TorchLauncher().stream(torch.empty(1)) == 999
+
+
+def test_cpu_tensors_are_not_eligible():
+    a, b, c = tensors(8, 8, 8, False)
+    assert not TorchLauncher().eligible(a, b, c)
