@@ -12,7 +12,10 @@ Both have fake implementations, so ``torch.compile(fullgraph=True)`` traces a ca
 node with no graph break; neither synchronizes, so CUDA graphs capture them (call each
 shape once before the capture: the first call of a shape builds or loads its kernel).
 ``l2gen::mm`` has a backward through torch (cuBLAS on the GPU). :func:`mm` and
-:func:`linear` are the entries to call.
+:func:`linear` are the entries to call. In eager mode with no gradient to record (inference:
+``torch.no_grad``, ``torch.inference_mode``, or no operand requiring grad) they run the op's
+implementation without dispatching the op, which would add tens of microseconds of host time
+to every call; traced by torch.compile, or with autograd, they call the op.
 
 A call is served by the default dispatcher of B's layout (:func:`l2gen.dispatch.dispatcher`,
 :func:`l2gen.dispatch.use_db`) when its operands are fp16 CUDA tensors, B contiguous as
@@ -90,10 +93,21 @@ def _served(a, b, b_nk: bool, bias, out):
     return c.view(lead + (n,)) if flat else c
 
 
-@torch.library.custom_op("l2gen::mm", mutates_args=(), schema=_MM)
-def _mm(a, b, b_nk, bias):
+def _mm_impl(a, b, b_nk, bias):
+    """What ``l2gen::mm`` computes: an l2gen kernel's result where one serves, else torch's."""
     c = _served(a, b, b_nk, bias, None)
     return _reference(a, b, b_nk, bias) if c is None else c
+
+
+def _mm_out_impl(a, b, b_nk, bias, out) -> None:
+    """What ``l2gen::mm_out`` computes, into ``out``."""
+    if _served(a, b, b_nk, bias, out) is None:
+        _reference_out(a, b, b_nk, bias, out)
+
+
+@torch.library.custom_op("l2gen::mm", mutates_args=(), schema=_MM)
+def _mm(a, b, b_nk, bias):
+    return _mm_impl(a, b, b_nk, bias)
 
 
 @_mm.register_fake
@@ -105,8 +119,7 @@ def _mm_fake(a, b, b_nk, bias):
 
 @torch.library.custom_op("l2gen::mm_out", mutates_args=("out",), schema=_MM_OUT)
 def _mm_out(a, b, b_nk, bias, out):
-    if _served(a, b, b_nk, bias, out) is None:
-        _reference_out(a, b, b_nk, bias, out)
+    _mm_out_impl(a, b, b_nk, bias, out)
 
 
 @_mm_out.register_fake
@@ -170,6 +183,16 @@ def _cast(t, dtype: torch.dtype):
     return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype is not torch.float64 else t
 
 
+def _direct(a, b, bias) -> bool:
+    """Whether a call may run the op's implementation without dispatching the op: in eager
+    mode (torch.compile traces the op), with no gradient to record. Dispatching a Python
+    custom op costs tens of microseconds of host time per call, more than a decode step's
+    GEMM takes on the GPU."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias)))
+
+
 def _call(a, b, b_nk: bool, bias, out):
     if not _fits(a, b, bias):
         if out is None:
@@ -180,11 +203,16 @@ def _call(a, b, b_nk: bool, bias, out):
     if out is None:
         if dtype is not None:  # cast before the op, so that its backward sees what its forward saw
             a, b, bias = _cast(a, dtype), _cast(b, dtype), _cast(bias, dtype)
+        if _direct(a, b, bias):
+            return _mm_impl(a, b, b_nk, bias)
         return torch.ops.l2gen.mm(a, b, b_nk, bias)
     if dtype is not None or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))):
         _reference_out(a, b, b_nk, bias, out)  # torch's own call (and refusal: out= has no autograd)
         return out
-    torch.ops.l2gen.mm_out(a, b, b_nk, bias, out)
+    if _direct(a, b, bias):
+        _mm_out_impl(a, b, b_nk, bias, out)
+    else:
+        torch.ops.l2gen.mm_out(a, b, b_nk, bias, out)
     return out
 
 

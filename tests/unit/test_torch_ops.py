@@ -297,3 +297,22 @@ def test_the_op_serves_nothing_that_is_not_on_a_served_device(served_on_cpu, mon
     monkeypatch.setattr(torch_ops, "SERVED_DEVICES", frozenset({"cuda"}))
     x, w = randn(64, 512), randn(256, 512)
     assert torch.equal(linear(x, w), F.linear(x, w)) and served_on_cpu.launches == []
+
+
+def test_eager_inference_skips_the_ops_dispatch_and_autograd_or_compile_use_it(served_on_cpu, monkeypatch):
+    calls = []
+    real = torch.ops.l2gen.mm
+
+    class Counting:
+        def __call__(self, *args):
+            calls.append(args)
+            return real(*args)
+
+    monkeypatch.setattr(torch.ops.l2gen, "mm", Counting())
+    x, w = randn(64, 512), randn(256, 512)
+    with torch.no_grad():
+        assert torch.equal(linear(x, w), torch.matmul(x, w.t()))
+    assert calls == [] and len(served_on_cpu.launches) == 1  # served, without the op
+    x.requires_grad_(True)
+    y = linear(x, w)  # a gradient to record: through the op and its autograd
+    assert len(calls) == 1 and y.grad_fn is not None and len(served_on_cpu.launches) == 2
