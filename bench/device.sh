@@ -38,7 +38,7 @@
 #                  $DBTOP_NAME, default dbtop)
 #   dbbench        bench each shape's best program of $DB (default the shipped one) in a
 #                  fresh process; compare it with the database's records (refused, exit 2,
-#                  unless BENCH_L2 is the database's protocol: the shipped one is dirty)
+#                  unless BENCH_L2 is the database's protocol: the shipped one is clean)
 #   dispatch       l2gen bench-dispatch: the dispatcher over $DB against torch.matmul
 #                  (results named $DISPATCH_NAME, default dispatch)
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's

@@ -255,7 +255,9 @@ def test_a_program_is_judged_by_its_least_favourable_run_and_never_if_it_was_wro
 
 # ---- the L2 protocol --------------------------------------------------------------------
 
-SHIPPED = Path(__file__).resolve().parents[2] / "l2gen/data/kernels_h200.db"
+# The database shipped before the protocol was recorded (schema 1, every row timed after a
+# written flush), kept as the migration's fixture.
+SCHEMA1 = Path(__file__).resolve().parent / "data" / "kernels_h200_schema1.db"
 
 
 def test_every_row_records_its_protocol_and_a_database_holds_one(db):
@@ -269,19 +271,18 @@ def test_every_row_records_its_protocol_and_a_database_holds_one(db):
     assert db.best_all(H200, l2="dirty") == {} and db.history(H200, SHAPE, l2="dirty") == []
 
 
-def test_the_shipped_schema_1_database_reads_as_dirty_and_migrates(tmp_path):
-    version = sqlite3.connect(f"file:{SHIPPED}?mode=ro", uri=True).execute(
+def test_a_schema_1_database_reads_as_dirty_and_migrates(tmp_path):
+    version = sqlite3.connect(f"file:{SCHEMA1}?mode=ro", uri=True).execute(
         "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
-    if version != "1":
-        pytest.skip("the shipped database is no longer a schema-1 file")
-    with KernelDB(SHIPPED, readonly=True) as ro:  # as the dispatcher opens it: no migration
+    assert version == "1"
+    with KernelDB(SCHEMA1, readonly=True) as ro:  # as the dispatcher opens it: no migration
         assert ro.l2 == "dirty"
         best = ro.best_all(H200)
         assert len(best) == 24 and best == ro.best_all(H200, l2="dirty")
         assert ro.best_all(H200, l2="clean") == {}
         assert all(m.l2 == "dirty" for s in list(best)[:3] for m in ro.history(H200, s))
     copy = tmp_path / "k.db"
-    shutil.copy(SHIPPED, copy)
+    shutil.copy(SCHEMA1, copy)
     with KernelDB(copy) as rw:  # opened for writing: schema 2, every row dirty
         assert rw.best_all(H200) == best
         conn = sqlite3.connect(copy)
@@ -291,7 +292,7 @@ def test_the_shipped_schema_1_database_reads_as_dirty_and_migrates(tmp_path):
         with pytest.raises(ProtocolMismatchError):
             rw.add(ok(program(), 10.0), H200)
         rw.add(replace(ok(program(), 10.0), l2="dirty"), H200)
-    with KernelDB(copy) as again, KernelDB(SHIPPED, readonly=True) as shipped:  # no second migration
+    with KernelDB(copy) as again, KernelDB(SCHEMA1, readonly=True) as shipped:  # no second migration
         assert again.l2 == "dirty" and again.count() == shipped.count() + 1
 
 
