@@ -6,21 +6,10 @@ from l2gen.check import check
 from l2gen.parse import parse
 from l2gen.targets import GPUS, get_gpu
 from l2gen.diagnostics import DiagnosticError
+from tests.unit.programs import l2gen, sm80, sm90
 
 H200 = GPUS["h200"]
 A100 = GPUS["a100"]
-
-
-def sm80(body: str) -> str:
-    return f"kernel k {{\n arch sm80\n {body}\n}}"
-
-
-def sm90(body: str) -> str:
-    return f"kernel k {{\n arch sm90a\n {body}\n}}"
-
-
-def l2gen(body: str) -> str:
-    return f"kernel k {{\n arch sm90a impl l2gen\n {body}\n}}"
 
 
 GOOD = [

@@ -13,22 +13,11 @@ from l2gen.parse import grammar_text, parse
 from l2gen.rules import BY_NAME, RULES, rules_for
 from l2gen.search.llm_prompt import EVERY_PROGRAM, FAMILY_LABELS, instructions, rules_text
 from l2gen.targets import GPUS
+from tests.unit.programs import l2gen as l2, sm80, sm90
 
 H = GPUS["h200"]
 A = GPUS["a100"]
 MODES = ("text", "chat_grammar", "responses_grammar")
-
-
-def sm80(body: str) -> str:
-    return f"kernel k {{\n arch sm80\n {body}\n}}"
-
-
-def sm90(body: str) -> str:
-    return f"kernel k {{\n arch sm90a\n {body}\n}}"
-
-
-def l2(body: str) -> str:
-    return f"kernel k {{\n arch sm90a impl l2gen\n {body}\n}}"
 
 
 # rule name -> (a program that breaks that rule and no other, the target)
