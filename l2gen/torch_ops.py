@@ -183,14 +183,9 @@ def _cast(t, dtype: torch.dtype):
     return t.to(dtype) if t is not None and t.is_floating_point() and t.dtype is not torch.float64 else t
 
 
-def _direct(a, b, bias) -> bool:
-    """Whether a call may run the op's implementation without dispatching the op: in eager
-    mode (torch.compile traces the op), with no gradient to record. Dispatching a Python
-    custom op costs tens of microseconds of host time per call, more than a decode step's
-    GEMM takes on the GPU."""
-    if torch.compiler.is_compiling():
-        return False
-    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias)))
+def _records_grad(a, b, bias) -> bool:
+    """Whether autograd would record a call on these operands."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))
 
 
 def _call(a, b, b_nk: bool, bias, out):
@@ -203,13 +198,17 @@ def _call(a, b, b_nk: bool, bias, out):
     if out is None:
         if dtype is not None:  # cast before the op, so that its backward sees what its forward saw
             a, b, bias = _cast(a, dtype), _cast(b, dtype), _cast(bias, dtype)
-        if _direct(a, b, bias):
+        # In eager mode with no gradient to record, the op's implementation runs without
+        # dispatching the op: a Python custom op's dispatch costs tens of microseconds of
+        # host time per call, more than a decode step's GEMM takes on the GPU. torch.compile
+        # traces the op.
+        if not torch.compiler.is_compiling() and not _records_grad(a, b, bias):
             return _mm_impl(a, b, b_nk, bias)
         return torch.ops.l2gen.mm(a, b, b_nk, bias)
-    if dtype is not None or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))):
+    if dtype is not None or _records_grad(a, b, bias):
         _reference_out(a, b, b_nk, bias, out)  # torch's own call (and refusal: out= has no autograd)
         return out
-    if _direct(a, b, bias):
+    if not torch.compiler.is_compiling():  # as above; out= records no gradient
         _mm_out_impl(a, b, b_nk, bias, out)
     else:
         torch.ops.l2gen.mm_out(a, b, b_nk, bias, out)
