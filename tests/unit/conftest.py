@@ -19,6 +19,21 @@ def bare(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture
+def failing_nvcc(tmp_path, monkeypatch):
+    """An nvcc that reports its version and fails every compile with one located error,
+    as $L2GEN_NVCC, with an empty build cache. Returns its path."""
+    import stat
+
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, V13.0.88'; exit 0; fi\n"
+                    "echo 'kernel.cu(12): error: something is wrong' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("L2GEN_NVCC", str(fake))
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path / "cache"))
+    return fake
+
+
 class CpuLauncher:
     """A dispatcher's launcher for CPU torch tensors: the GEMM by torch, reading B as the
     loaded program's layout and the leading dimension it is given say. Records each

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import stat
 from pathlib import Path
 
 
@@ -81,18 +80,12 @@ def test_compile_writes_source_and_command(tmp_path, capsys):
     assert "-DNDEBUG" in command and "-gencode=arch=compute_90,code=sm_90" in command
 
 
-def test_build_failure_prints_log_and_reproduce_command(tmp_path, monkeypatch, capsys):
-    fake = tmp_path / "nvcc"
-    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, V13.0.88'; exit 0; fi\n"
-                    "echo 'kernel.cu(12): error: something is wrong' >&2\nexit 1\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("L2GEN_NVCC", str(fake))
-    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path / "cache"))
+def test_build_failure_prints_log_and_reproduce_command(tmp_path, capsys, failing_nvcc):
     path = write(tmp_path, "k.l2", GOOD)
     assert main(["build", path]) == 1
     err = capsys.readouterr().err
     assert "build failed" in err and "something is wrong" in err
-    assert "reproduce with:" in err and str(fake) in err
+    assert "reproduce with:" in err and str(failing_nvcc) in err
     assert "Traceback" not in err
 
 

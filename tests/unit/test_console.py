@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import re
-import stat
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -166,13 +165,7 @@ def test_every_command_has_its_own_help(capsys):
         assert " ".join(action.help.split()) in " ".join(capsys.readouterr().out.split()), name
 
 
-def test_a_failed_build_on_a_terminal_shows_in_the_bar_and_in_the_text(tmp_path, monkeypatch, capsys):
-    fake = tmp_path / "nvcc"
-    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Cuda compilation tools, release 13.0, V13.0.88'; exit 0; fi\n"
-                    "echo 'kernel.cu(12): error: something is wrong' >&2\nexit 1\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("L2GEN_NVCC", str(fake))
-    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_failed_build_on_a_terminal_shows_in_the_bar_and_in_the_text(tmp_path, monkeypatch, capsys, failing_nvcc):
     path = tmp_path / "k.l2"
     path.write_text("kernel k {\n  arch sm80\n  tile 64 x 64 x 32\n}\n")
     console, out = _terminal()
