@@ -28,6 +28,7 @@ runs the same steps with no graphs at tiny dimensions, to test the script).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -48,7 +49,7 @@ import torch  # noqa: E402
 import l2gen  # noqa: E402
 from l2gen.diagnostics import DiagnosticError  # noqa: E402
 from l2gen.model_shapes import model_dims, parse_tokens  # noqa: E402
-from llama_model import KVCache, LlamaConfig, build  # noqa: E402
+from llama_model import KVCache, build  # noqa: E402
 
 GEMM_RANGE = "e2e:linear"
 
@@ -162,7 +163,7 @@ class Decoder:
         self.model, self.prompt, self.steps = model, prompt, new_tokens
         batch, plen = prompt.shape
         device, dtype = prompt.device, model.lm_head.weight.dtype
-        self.cache = KVCache(model.config, batch, plen + new_tokens + 4, dtype=dtype, device=device)  # + warm-up steps
+        self.cache = KVCache(model.dims, batch, plen + new_tokens + 4, dtype=dtype, device=device)  # + warm-up steps
         self.zero = torch.zeros((), dtype=torch.long, device=device)
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros((), dtype=torch.long, device=device)
@@ -265,7 +266,7 @@ def timed_decode(model, prompt, new_tokens: int, name: str, graphed: bool, ref: 
 
 
 def lockstep_prefill(model, prompt) -> dict:
-    cache = KVCache(model.config, prompt.shape[0], prompt.shape[1], dtype=model.lm_head.weight.dtype, device=prompt.device)
+    cache = KVCache(model.dims, prompt.shape[0], prompt.shape[1], dtype=model.lm_head.weight.dtype, device=prompt.device)
     zero = torch.zeros((), dtype=torch.long, device=prompt.device)
     lt = model(prompt, cache, zero, last_only=True)
     with variant(model, "l2gen"):
@@ -275,7 +276,7 @@ def lockstep_prefill(model, prompt) -> dict:
 
 
 def timed_prefill(model, prompt, name: str, graphed: bool, reps: int, ref: dict, clock: Clock) -> dict:
-    cache = KVCache(model.config, prompt.shape[0], prompt.shape[1], dtype=model.lm_head.weight.dtype, device=prompt.device)
+    cache = KVCache(model.dims, prompt.shape[0], prompt.shape[1], dtype=model.lm_head.weight.dtype, device=prompt.device)
     zero = torch.zeros((), dtype=torch.long, device=prompt.device)
 
     def forward():
@@ -322,7 +323,7 @@ def run_all(model, args, device: torch.device) -> dict:
     clock = Clock(device)
     graph_modes = [False] + ([True] if device.type == "cuda" and not args.no_graph else [])
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
-    vocab = model.config.vocab_size
+    vocab = model.dims.vocab_size
     rows, checks, shapes = [], [], set()
     work = [("decode", b) for b in args.batches] + ([("prefill", 1)] if args.prefill else [])
     for phase, batch in work:
@@ -416,7 +417,7 @@ def main(argv=None) -> int:
     except DiagnosticError as exc:
         print(f"e2e_llama: {exc}", file=sys.stderr)
         return 2
-    config = LlamaConfig.from_dims(dims, args.layers)
+    dims = dataclasses.replace(dims, num_hidden_layers=args.layers or dims.num_hidden_layers)
     if args.db:
         from l2gen.dispatch import use_db
 
@@ -425,7 +426,7 @@ def main(argv=None) -> int:
     if dtype is not torch.float16:
         print("e2e_llama: l2gen serves fp16 Linear layers only: with --dtype fp32 the l2gen runs are torch's", file=sys.stderr)
     max_positions = max(args.prompt + args.new_tokens + 4, args.prefill)
-    model = build(config, seed=args.seed, dtype=dtype, device=device, max_positions=max_positions)
+    model = build(dims, seed=args.seed, dtype=dtype, device=device, max_positions=max_positions)
     start = time.time()
     results = run_all(model, args, device)
     results["served"] = served(results.pop("shapes"))
@@ -434,7 +435,7 @@ def main(argv=None) -> int:
         "commit": os.environ.get("L2GEN_COMMIT") or None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "python": platform.python_version(),
-        "model": args.model, "config": {**config.__dict__, "dtype": args.dtype}, "seed": args.seed,
+        "model": args.model, "config": {**dataclasses.asdict(dims), "dtype": args.dtype}, "seed": args.seed,
         "new_tokens": args.new_tokens, "prompt": args.prompt, "tolerance": args.tolerance,
         "seconds": round(time.time() - start, 1), **results,
     }

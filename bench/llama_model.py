@@ -18,32 +18,15 @@ capture it (replaying it with ``start`` advanced in place).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from l2gen.model_shapes import ModelDims
 
-@dataclass(frozen=True)
-class LlamaConfig:
-    """The sizes of the decoder (``transformers``' names) and its RoPE base."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    num_hidden_layers: int
-    rope_theta: float = 500000.0
-    rms_norm_eps: float = 1e-5
-
-    @classmethod
-    def from_dims(cls, dims, layers: int | None = None) -> "LlamaConfig":
-        """From an :class:`l2gen.model_shapes.ModelDims`, with ``layers`` layers (default: its own)."""
-        return cls(dims.hidden_size, dims.intermediate_size, dims.num_attention_heads, dims.num_key_value_heads,
-                   dims.head_dim, dims.vocab_size, layers or dims.num_hidden_layers)
+ROPE_THETA = 500000.0  # Llama 3's RoPE base
+RMS_NORM_EPS = 1e-5
 
 
 class RMSNorm(nn.Module):
@@ -67,15 +50,15 @@ class KVCache:
     """Keys and values of every layer, ``[batch, kv_heads, max_len, head_dim]`` each,
     allocated once."""
 
-    def __init__(self, config: LlamaConfig, batch: int, max_len: int, *, dtype, device):
-        shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
+    def __init__(self, dims: ModelDims, batch: int, max_len: int, *, dtype, device):
+        shape = (batch, dims.num_key_value_heads, max_len, dims.head_dim)
         self.max_len = max_len
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(dims.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(dims.num_hidden_layers)]
 
 
 class Attention(nn.Module):
-    def __init__(self, c: LlamaConfig):
+    def __init__(self, c: ModelDims):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.qkv_proj = nn.Linear(c.hidden_size, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=False)
@@ -102,7 +85,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c: LlamaConfig):
+    def __init__(self, c: ModelDims):
         super().__init__()
         self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
@@ -113,11 +96,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: LlamaConfig):
+    def __init__(self, c: ModelDims, eps: float):
         super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, eps)
         self.self_attn = Attention(c)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, eps)
         self.mlp = MLP(c)
 
     def forward(self, x, cos, sin, positions, cache, layer):
@@ -126,25 +109,27 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, c: LlamaConfig):
+    def __init__(self, c: ModelDims, eps: float):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(c, eps) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, eps)
 
 
 class LlamaForCausalLM(nn.Module):
     """The decoder and its output projection; ``forward`` returns logits ``[batch, t, vocab]``
     (``last_only``: of the last token only, ``[batch, 1, vocab]``, as serving computes a
-    prefill's)."""
+    prefill's). Its sizes are an :class:`l2gen.model_shapes.ModelDims`, the one record
+    ``l2gen shapes`` reads its GEMMs from."""
 
-    def __init__(self, config: LlamaConfig, max_positions: int = 4096):
+    def __init__(self, dims: ModelDims, max_positions: int = 4096, *, rope_theta: float = ROPE_THETA,
+                 rms_norm_eps: float = RMS_NORM_EPS):
         super().__init__()
-        self.config = config
-        self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        half = config.head_dim // 2
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float32) / half))
+        self.dims = dims
+        self.model = LlamaModel(dims, rms_norm_eps)
+        self.lm_head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False)
+        half = dims.head_dim // 2
+        inv_freq = 1.0 / (rope_theta ** (torch.arange(half, dtype=torch.float32) / half))
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("rope_cos", torch.cat((angles.cos(), angles.cos()), dim=-1), persistent=False)
         self.register_buffer("rope_sin", torch.cat((angles.sin(), angles.sin()), dim=-1), persistent=False)
@@ -180,8 +165,8 @@ class LlamaForCausalLM(nn.Module):
         return self
 
 
-def build(config: LlamaConfig, *, seed: int = 0, dtype=torch.float16, device="cuda", max_positions: int = 4096) -> LlamaForCausalLM:
+def build(dims: ModelDims, *, seed: int = 0, dtype=torch.float16, device="cuda", max_positions: int = 4096) -> LlamaForCausalLM:
     """The model with seeded random weights, in ``dtype`` on ``device``, in eval mode."""
     with torch.device(device):
-        model = LlamaForCausalLM(config, max_positions)
+        model = LlamaForCausalLM(dims, max_positions)
     return model.to(dtype).init_random(seed).eval()

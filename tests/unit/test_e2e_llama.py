@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from l2gen.model_shapes import ModelDims
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +25,7 @@ def _load(name: str):
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # (a dataclass looks its module up there)
+        sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
 
@@ -34,7 +36,7 @@ def lm():
 
 
 def _tiny(lm, dtype=torch.float32, seed=0):
-    config = lm.LlamaConfig(**{k: TINY[k] for k in TINY})
+    config = ModelDims("tiny", **TINY)
     return config, lm.build(config, seed=seed, dtype=dtype, device="cpu", max_positions=64)
 
 
