@@ -19,7 +19,8 @@
 #   gputests       pytest $GPUTESTS (default tests/gpu)
 #   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite, BENCH_REPS timed runs
 #                  in each of BENCH_ROUNDS rounds; bench2 is a second, independent run;
-#                  'compare' says which ratios reproduce between them
+#                  'compare' says which ratios reproduce between them (files named
+#                  $BENCH_NAME-bench.json, ... when BENCH_NAME is set)
 #   llm, llm2      the baselines alone on $LLM_SUITE (suites/llm.json: nn.Linear shapes, B
 #                  stored N x K), twice; 'llmcompare' says which baseline ratios reproduce
 #   graph          the example programs on $MODES_SUITE (suites/modes.json) in graph mode:
@@ -109,14 +110,16 @@ for step in "$@"; do
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
       ;;
     bench|bench2)
+      name=${BENCH_NAME:+$BENCH_NAME-}$step
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} \
         --suite "$SUITE" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" \
-        -o "$RESULTS/$step.json" 2> "$RESULTS/$step.log" > "$RESULTS/$step.txt" || status=1
-      tail -30 "$RESULTS/$step.txt"
+        -o "$RESULTS/$name.json" 2> "$RESULTS/$name.log" > "$RESULTS/$name.txt" || status=1
+      tail -30 "$RESULTS/$name.txt"
       ;;
     compare)
-      $L2GEN compare "$RESULTS/bench.json" "$RESULTS/bench2.json" -o "$RESULTS/compare.json" || status=1
+      name=${BENCH_NAME:+$BENCH_NAME-}
+      $L2GEN compare "$RESULTS/${name}bench.json" "$RESULTS/${name}bench2.json" -o "$RESULTS/${name}compare.json" || status=1
       ;;
     llm|llm2)
       # no programs: the five baselines alone; the suite's "b": "nk" sets the B layout

@@ -7,6 +7,7 @@ that the rules, the search space and the simulator share. Device limits come fro
 from __future__ import annotations
 
 from .ir import (
+    Decomposition,
     Mainloop,
     Program,
     Sm80Config,
@@ -46,6 +47,10 @@ L2GEN_STAGES = range(2, 9)
 L2GEN_MAX_SPLITS = 8  # the portable cluster size: the CTAs of one cluster split one tile
 L2GEN_MAX_ORDERED_SPLITS = 16  # split_k ordered: the slots the last CTA of a tile reads back
 L2GEN_MAX_CLUSTER = 8  # CTAs of one multicast cluster (the portable size)
+# How the kernel's grid takes its units of work (a tile's split of K): heuristic, a
+# persistent grid of the CTAs the GPU holds when the units outnumber them; data_parallel,
+# one CTA per unit, in waves.
+L2GEN_DECOMPOSITIONS = (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL)
 
 
 def sm80_smem_bytes(cfg: Sm80Config) -> int:
@@ -124,11 +129,32 @@ def l2gen_multicast_pieces(program: Program) -> list[tuple[str, int, int]]:
     ]
 
 
-def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
-    """Dynamic shared memory of an sm90a l2gen kernel (the template's kSmemBytes)."""
+def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int]:
+    """The pipeline's bytes, the epilogue's and the barriers' (with the 1 KB alignment room)."""
     rows, cols = cfg.kernel_tile
     pipeline = cfg.stages * (rows + cols) * cfg.tile.k * 2
     staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
     reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
-    return max(pipeline, reduce + staging) + 16 * cfg.stages + 16 + 1024
+    return pipeline, reduce + staging, 16 * cfg.stages + 16 + 1024
 
+
+def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
+    """The least dynamic shared memory an sm90a l2gen kernel needs: the epilogue reusing the
+    pipeline's buffer (what the checker holds a program to)."""
+    pipeline, epilogue, rest = _l2gen_smem_parts(cfg)
+    return max(pipeline, epilogue) + rest
+
+
+def l2gen_persistent(cfg: Sm90L2genConfig, smem_per_block: int) -> bool:
+    """Whether the kernel is built persistent (the template's kPersistent): no multicast
+    cluster, no cluster split, and the epilogue's buffers fit beside the pipeline's."""
+    pipeline, epilogue, rest = _l2gen_smem_parts(cfg)
+    multicast = cfg.cluster[0] * cfg.cluster[1] > 1
+    return not multicast and cfg.split_k is not SplitK.CLUSTER and pipeline + epilogue + rest <= smem_per_block
+
+
+def l2gen_launch_smem_bytes(cfg: Sm90L2genConfig, smem_per_block: int) -> int:
+    """The dynamic shared memory the kernel launches with (the template's kSmemBytes)."""
+    if not l2gen_persistent(cfg, smem_per_block):
+        return l2gen_smem_bytes(cfg)
+    return sum(_l2gen_smem_parts(cfg))

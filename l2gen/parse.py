@@ -46,7 +46,7 @@ COMMON = ("arch", "b_layout", "tile", "stages", "raster", "swizzle", "splits")
 ONLY = {
     Family.SM80: ("epilogue", "warps", "smem_swizzle", "split_k", "min_blocks"),
     Family.SM90: ("impl", "epilogue", "cluster", "mainloop", "scheduler", "decomposition"),
-    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster"),
+    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster", "decomposition"),
 }
 KEYWORD = {"b_layout": "b"}  # decision name -> the keyword written in the DSL
 

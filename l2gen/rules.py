@@ -14,6 +14,7 @@ the target; ``archs`` names the architectures the target runs.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -21,6 +22,7 @@ from . import limits
 from .ir import Decomposition, Family, Mainloop, Program, Scheduler, SplitK
 from .limits import (
     L2GEN_COLS,
+    L2GEN_DECOMPOSITIONS,
     L2GEN_MAX_CLUSTER,
     L2GEN_MAX_ORDERED_SPLITS,
     L2GEN_MAX_SPLITS,
@@ -99,7 +101,7 @@ def _list(values) -> str:
     values = list(values)
     if len(values) > 8 and values == list(range(values[0], values[-1] + 1, values[1] - values[0])):
         return f"{values[0]}, {values[1]}, ..., {values[-1]}"
-    return ", ".join(str(v) for v in values)
+    return ", ".join(str(v.value if isinstance(v, enum.Enum) else v) for v in values)
 
 
 def _render(value) -> str:
@@ -498,6 +500,15 @@ def _l2gen_ordered_splits(p, gpu):
     s = p.knobs.splits
     if p.config.split_k is SplitK.ORDERED and s > L2GEN_MAX_ORDERED_SPLITS:
         yield "splits", f"splits {s}: with 'split_k ordered' the last CTA of a tile reads one slot per split, at most {L2GEN_MAX_ORDERED_SPLITS}; 'split_k atomic' takes more"
+
+
+@rule("l2gen.decomposition", "E-SCHED", L2GEN, ("decomposition",),
+      "decomposition in {L2GEN_DECOMPOSITIONS}")
+def _l2gen_decomposition(p, gpu):
+    d = p.knobs.decomposition
+    if d not in L2GEN_DECOMPOSITIONS:
+        served = ", ".join(v.value for v in L2GEN_DECOMPOSITIONS)
+        yield "decomposition", f"'decomposition {d.value}' is not one of l2gen's kernel ({served}); it splits K by 'splits'"
 
 
 @rule("sm90.splits", "E-SPLITS", SM90, ("splits", "scheduler"), "splits > 1 needs scheduler stream_k")

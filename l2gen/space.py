@@ -84,6 +84,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("raster", tuple(Raster), runtime=True),
         Slot("swizzle", (0, 1, 2, 3), runtime=True),
         Slot("splits", (1, 2, 3, 4, 6, 8), runtime=True),
+        Slot("decomposition", limits.L2GEN_DECOMPOSITIONS, runtime=True),
     ),
 }
 
@@ -108,7 +109,7 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
             **given(c, cluster=lambda mn: (*mn, 1), mainloop=Mainloop, epilogue=Sm90Epilogue, stages=None, scheduler=Scheduler),
         )
     knob_fields = dict(raster=Raster, swizzle=None, splits=None)
-    if family is Family.SM90:
+    if family in (Family.SM90, Family.SM90_L2GEN):
         knob_fields["decomposition"] = Decomposition
     knobs = Knobs(**given(c, **knob_fields))
     return Program(name or default_name(family, config), family, b_layout, config, knobs)
@@ -127,7 +128,7 @@ def choices_of(program: Program) -> dict:
     if isinstance(c, Sm80Config):
         out.update(warps=c.warps, stages=c.stages, smem_swizzle_b=c.swizzle[0], epilogue=c.epilogue, split_k=c.split_k, min_blocks=c.min_blocks)
     elif isinstance(c, Sm90L2genConfig):
-        out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints, cluster=c.cluster[:2])
+        out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints, cluster=c.cluster[:2], decomposition=k.decomposition)
     else:
         out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, stages=c.stages, scheduler=c.scheduler, decomposition=k.decomposition)
     return out

@@ -142,7 +142,7 @@ Decisions (omitted ones take the default in brackets):
   mainloop ws|pingpong|cooperative [cooperative]; epilogue tma|direct [tma];
   stages N|auto [auto]; scheduler persistent|stream_k [persistent];
   decomposition heuristic|data_parallel|split_k|stream_k (stream_k scheduler only) [heuristic].
-- sm90a impl l2gen only (no mainloop, epilogue, scheduler, decomposition): swap_ab on|off
+- sm90a impl l2gen only (no mainloop, epilogue, scheduler): swap_ab on|off
   (compute C^T = B^T A^T: N along wgmma's 64-row side, M along its N; for small M) [off];
   stages N [4]; split_k none|cluster|atomic|ordered (cluster: the splits CTAs of a tile reduce
   through distributed shared memory, deterministic; atomic: they add into a workspace, arrival
@@ -150,7 +150,10 @@ Decisions (omitted ones take the default in brackets):
   deterministic, splits <= 16; all in one launch; more splits than ceil(K/BK) fail at run
   time) [none]; hints none|stream (B evict-first, A evict-last in L2) [none];
   cluster CM x CN x 1 (neighbouring output tiles load a shared tile of A (along N) or B (along
-  M) once and multicast it: less L2-to-SM traffic) [1 x 1 x 1].
+  M) once and multicast it: less L2-to-SM traffic) [1 x 1 x 1]; decomposition
+  heuristic|data_parallel (a run-time knob: heuristic runs a persistent grid of the CTAs the
+  GPU holds when the tiles times splits outnumber them, each CTA storing one tile while it
+  loads the next; data_parallel one CTA per tile and split, in waves) [heuristic].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
   (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster,
   atomic or ordered, or stream_k) [1].

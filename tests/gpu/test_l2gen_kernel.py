@@ -171,6 +171,56 @@ def test_cluster_and_ordered_splits_are_bitwise_deterministic(libs, name, splits
     assert ws.is_zero()
 
 
+@pytest.mark.parametrize(
+    "name, shapes",
+    [
+        ("swap_nk_m16_64", [(16, 28680, 1024), (7, 37896, 520)]),  # 449 and 593 tiles of 64 rows
+        ("nk_wide_160", [(2000, 2008, 264), (1000, 4104, 128)]),
+        ("kn_128_atomic", [(1000, 1000, 1000), (2056, 2048, 200)]),
+        ("swap_kn_ordered", [(100, 8200, 1024)]),
+    ],
+)
+def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes):
+    """Where tiles x splits outnumber the CTAs the GPU holds, the persistent grid
+    (decomposition heuristic) and the waves of one CTA per unit (data_parallel) both verify,
+    and give the same bits wherever the sum's order does not depend on arrival (no split, or
+    the ordered split)."""
+    from l2gen.ir import Decomposition, Knobs, SplitK
+    from l2gen.runtime import Stream
+    from l2gen.verify import CudaDevice, make_inputs, reference, relerr
+
+    device = CudaDevice()
+    program, lib = libs[name]
+    layout = program.b_layout.value
+    split = program.config.split_k is not SplitK.NONE
+    bad = []
+    ws = Workspace()
+    with Stream() as stream:
+        for m, n, k in shapes:
+            a_host, b_host, _ = make_inputs(m, n, k, 7, layout)
+            ref = reference(a_host, b_host, layout)
+            a, b, c = device.alloc((m, k)), device.alloc((k, n) if layout == "kn" else (n, k)), device.alloc((m, n))
+            device.write(a, a_host)
+            device.write(b, b_host)
+            for splits in (1, 3) if split else (1,):
+                outs = {}
+                for d in (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL):
+                    knobs = Knobs(splits=splits, decomposition=d)
+                    buf, nbytes = ws.get(lib, m, n, k, knobs)
+                    device.poison(c)
+                    lib.launch(a, b, c, m, n, k, k, n if layout == "kn" else k, n, knobs, buf, nbytes, stream)
+                    stream.synchronize()
+                    outs[d] = device.read(c)
+                    e = relerr(outs[d], ref)
+                    if not e <= 1e-3:
+                        bad.append(f"{m}x{n}x{k} splits {splits} {d.value}: relerr {e}")
+                deterministic = splits == 1 or program.config.split_k is SplitK.ORDERED
+                if deterministic and not np.array_equal(*(o.view(np.uint16) for o in outs.values())):
+                    bad.append(f"{m}x{n}x{k} splits {splits}: the persistent grid's bits differ from the waves'")
+    assert not bad, "\n".join(bad)
+    assert ws.is_zero(), "the workspace was left dirty"
+
+
 def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
     from cuda.bindings import runtime as cudart
 
@@ -243,7 +293,7 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
 
 
 def test_bad_knobs_are_error_codes(libs):
-    from l2gen.ir import Knobs
+    from l2gen.ir import Decomposition, Knobs
     from l2gen.runtime import DeviceBuffer, LaunchError
 
     program, lib = libs["kn_128"]
@@ -255,6 +305,9 @@ def test_bad_knobs_are_error_codes(libs):
     _, unsplit = libs["nk_wide_160"]
     with pytest.raises(LaunchError, match="L2GEN_ERR_KNOB"):
         unsplit.launch(*buffers, m, n, k, k, k, n, Knobs(splits=2), None, 0, None)
+    for d in (Decomposition.SPLIT_K, Decomposition.STREAM_K):  # the checker's l2gen.decomposition
+        with pytest.raises(LaunchError, match="L2GEN_ERR_KNOB"):
+            unsplit.launch(*buffers, m, n, k, k, k, n, Knobs(decomposition=d), None, 0, None)
     _, atomic = libs["kn_128_atomic"]
     need = atomic.workspace_size(m, n, k, Knobs(splits=2))
     assert need > 0

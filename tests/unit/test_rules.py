@@ -64,6 +64,7 @@ BREAKS = {
     "l2gen.splits": (l2("tile 64 x 128 x 64 splits 2"), H),
     "l2gen.cluster_splits": (l2("tile 64 x 128 x 64 split_k cluster splits 9"), H),
     "l2gen.ordered_splits": (l2("tile 64 x 128 x 64 split_k ordered splits 17"), H),
+    "l2gen.decomposition": (l2("tile 64 x 128 x 64 decomposition split_k"), H),
     "knobs.swizzle": (sm80("tile 128 x 128 x 32 swizzle 5"), H),
     "knobs.splits": (sm80("tile 128 x 128 x 32 split_k parallel splits 100"), H),
 }
