@@ -130,31 +130,33 @@ def l2gen_multicast_pieces(program: Program) -> list[tuple[str, int, int]]:
 
 
 def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int]:
-    """The pipeline's bytes, the epilogue's and the barriers' (with the 1 KB alignment room)."""
+    """The pipeline's bytes, the epilogue's, and the barriers' (full and empty per stage, the
+    ticket)."""
     rows, cols = cfg.kernel_tile
     pipeline = cfg.stages * (rows + cols) * cfg.tile.k * 2
     staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
     reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
-    return pipeline, reduce + staging, 16 * cfg.stages + 16 + 1024
+    return pipeline, reduce + staging, 16 * cfg.stages + 16
 
 
 def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
-    """The least dynamic shared memory an sm90a l2gen kernel needs: the epilogue reusing the
-    pipeline's buffer (what the checker holds a program to)."""
-    pipeline, epilogue, rest = _l2gen_smem_parts(cfg)
-    return max(pipeline, epilogue) + rest
+    """The least dynamic shared memory an sm90a l2gen kernel needs, the epilogue staged over
+    the drained pipeline (the template's kSmemBytes, with 1 KB of room to align the base):
+    what the checker holds a program to, and what a launch of one CTA per unit takes."""
+    pipeline, epilogue, barriers = _l2gen_smem_parts(cfg)
+    return max(pipeline, epilogue) + barriers + 1024
+
+
+def l2gen_persistent_smem_bytes(cfg: Sm90L2genConfig) -> int:
+    """Shared memory of a persistent launch (the template's kPersistentSmemBytes): the
+    epilogue's buffers apart, after the barriers, 128-byte aligned."""
+    pipeline, epilogue, barriers = _l2gen_smem_parts(cfg)
+    apart = -(-(max(pipeline, epilogue) + barriers) // 128) * 128
+    return apart + epilogue + 1024
 
 
 def l2gen_persistent(cfg: Sm90L2genConfig, smem_per_block: int) -> bool:
     """Whether the kernel is built persistent (the template's kPersistent): no multicast
-    cluster, no cluster split, and the epilogue's buffers fit beside the pipeline's."""
-    pipeline, epilogue, rest = _l2gen_smem_parts(cfg)
+    cluster, no cluster split, and the epilogue's buffers fit apart from the pipeline's."""
     multicast = cfg.cluster[0] * cfg.cluster[1] > 1
-    return not multicast and cfg.split_k is not SplitK.CLUSTER and pipeline + epilogue + rest <= smem_per_block
-
-
-def l2gen_launch_smem_bytes(cfg: Sm90L2genConfig, smem_per_block: int) -> int:
-    """The dynamic shared memory the kernel launches with (the template's kSmemBytes)."""
-    if not l2gen_persistent(cfg, smem_per_block):
-        return l2gen_smem_bytes(cfg)
-    return sum(_l2gen_smem_parts(cfg))
+    return not multicast and cfg.split_k is not SplitK.CLUSTER and l2gen_persistent_smem_bytes(cfg) <= smem_per_block

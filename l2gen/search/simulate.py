@@ -12,7 +12,7 @@ import math
 import struct
 from typing import Sequence
 
-from ..limits import l2gen_launch_smem_bytes, l2gen_persistent, sm80_smem_bytes, sm90_stages_and_smem
+from ..limits import l2gen_persistent, l2gen_persistent_smem_bytes, l2gen_smem_bytes, sm80_smem_bytes, sm90_stages_and_smem
 from ..ir import (
     BLayout,
     Decomposition,
@@ -208,7 +208,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     bw_sm = L2_TBS * 1e6 / gpu.sms
     eff = 0.97 * (1.0 - math.exp(-(rows * cols) / 7100.0)) * (1.0 if t.k == 64 else 0.99)
     pipe = _pipe(cfg.stages, (rows + cols) * t.k * 2)
-    resident = max(1, min(2, gpu.smem_per_sm // l2gen_launch_smem_bytes(cfg, gpu.smem_per_block)))
+    resident = max(1, min(2, gpu.smem_per_sm // l2gen_smem_bytes(cfg)))
     tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
     splits = kn.splits if splits_apply(cfg) else 1
     units = tiles_m * tiles_n * splits
@@ -233,13 +233,10 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # (per-block timeline at 1024x256x4096: 1.7-2.3 us for a 64x64 tile, 2.5-4 for
         # 128x128; bench/results/README.md, "Inside a split").
         t_epi += 1.0 + rows * cols * 4 * 2 / bw_sm
-    persistent = (
-        kn.decomposition is Decomposition.HEURISTIC
-        and l2gen_persistent(cfg, gpu.smem_per_block)
-        and units > gpu.sms * resident
-    )
-    if persistent:  # every epilogue but the last hidden behind the next unit's loads (a guess)
-        compute = LATENCY_US + units / (gpu.sms * resident) * (k_iters * t_iter + 0.3 * t_epi) + 0.7 * t_epi
+    looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs of a persistent grid
+    if kn.decomposition is Decomposition.HEURISTIC and l2gen_persistent(cfg, gpu.smem_per_block) and units > gpu.sms * looping:
+        # every epilogue but the last hidden behind the next unit's loads (a guess)
+        compute = LATENCY_US + units / (gpu.sms * looping) * (k_iters * t_iter + 0.3 * t_epi) + 0.7 * t_epi
     else:
         compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
