@@ -137,3 +137,31 @@ def test_persistent_programs_have_a_one_unit_kernel_with_uniform_wgmma_descripto
     at = [i for i, line in enumerate(lines) if "HGMMA" in line]
     between = lines[at[0]:at[-1] + 1]
     assert any(re.search(r"\bUIADD3\b", line) for line in between), "the one-unit kernel's wgmma descriptors left the uniform datapath"
+
+
+def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
+    """bench/timeline.py's build (-DL2GEN_TRACE) exports the trace and marker entries and
+    reads %globaltimer; the plain build of the same program exports neither and reads no
+    timer, under another cache key."""
+    import dataclasses
+
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
+    plain = lower(program("kn_cluster"), H200)
+    traced = dataclasses.replace(plain, flags=(*plain.flags, "-DL2GEN_TRACE"))
+    results = build_many([plain, traced], jobs=2, timeout=900)
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert results[0].library != results[1].library
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm to list the exported symbols")
+
+    def exports(lib) -> set[str]:
+        out = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+        return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+    entry = plain.entry
+    extra = {f"{entry}_trace", f"{entry}_trace_reset", f"{entry}_mark", f"{entry}_marks"}
+    assert extra <= exports(results[1].library)
+    assert not extra & exports(results[0].library)
+    plain_code, traced_code = (sass(r.library) for r in results)
+    assert "GLOBALTIMER" not in plain_code and "GLOBALTIMER" in traced_code
