@@ -11,7 +11,8 @@ A tool for looking inside a kernel's cost, not a benchmark (``l2gen bench`` is t
         python bench/probe.py PROGRAM.l2 --shape ... --once   # one launch per setting, for ncu
 
 ``--lib PATH:ENTRY`` times a library built elsewhere (for example from an earlier commit's
-template, its program text read from the library itself) beside the programs.
+templates by ``bench/build_at.sh``, its program text read from the library itself) beside
+the programs.
 """
 
 from __future__ import annotations
