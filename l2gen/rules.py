@@ -507,8 +507,7 @@ def _l2gen_ordered_splits(p, gpu):
 def _l2gen_decomposition(p, gpu):
     d = p.knobs.decomposition
     if d not in L2GEN_DECOMPOSITIONS:
-        served = ", ".join(v.value for v in L2GEN_DECOMPOSITIONS)
-        yield "decomposition", f"'decomposition {d.value}' is not one of l2gen's kernel ({served}); it splits K by 'splits'"
+        yield "decomposition", f"'decomposition {d.value}' is not one of l2gen's kernel ({_list(L2GEN_DECOMPOSITIONS)}); it splits K by 'splits'"
 
 
 @rule("sm90.splits", "E-SPLITS", SM90, ("splits", "scheduler"), "splits > 1 needs scheduler stream_k")
