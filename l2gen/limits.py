@@ -42,7 +42,7 @@ SM90_MAX_ACC_PER_THREAD = 208  # at 224 ptxas serializes wgmma (C7511/C7512) and
 # rows along wgmma's M side (64 per consumer warpgroup), columns along its N.
 L2GEN_ROWS = (64, 128)
 L2GEN_COLS = tuple(range(8, 257, 8))
-L2GEN_TILE_K = (64, 128)
+L2GEN_TILE_K = (64, 128, 256)
 L2GEN_STAGES = range(2, 9)
 L2GEN_MAX_SPLITS = 8  # the portable cluster size: the CTAs of one cluster split one tile
 L2GEN_MAX_ORDERED_SPLITS = 16  # split_k ordered: the slots the last CTA of a tile reads back

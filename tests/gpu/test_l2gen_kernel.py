@@ -31,6 +31,9 @@ PROGRAMS = {
     "kn_128_atomic": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k atomic",
     "swap_kn_ordered": "b kn\n tile 64 x 64 x 128\n swap_ab on\n stages 6\n split_k ordered\n hints stream",
     "nk_128_ordered": "b nk\n tile 128 x 128 x 64\n stages 4\n split_k ordered",
+    # 256-deep K tiles: four 64-wide boxes per K-major row, one 256-row box MN-major
+    "swap_nk_bk256": "b nk\n tile 16 x 64 x 256\n swap_ab on\n stages 5\n split_k atomic\n hints stream",
+    "kn_bk256": "b kn\n tile 64 x 64 x 256\n stages 3\n split_k atomic",
     # multicast clusters: A shared along N, B along M, both; with and without swap, with
     # the atomic split, and clusters hanging over the problem's edge
     "swap_kn_mc4": "b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n hints stream\n cluster 1 x 4 x 1",
@@ -178,6 +181,7 @@ def test_cluster_and_ordered_splits_are_bitwise_deterministic(libs, name, splits
         ("nk_wide_160", [(2000, 2008, 264), (1000, 4104, 128)]),
         ("kn_128_atomic", [(1000, 1000, 1000), (2056, 2048, 200)]),
         ("swap_kn_ordered", [(100, 8200, 1024)]),
+        ("swap_nk_bk256", [(16, 28680, 1000)]),  # 449 tiles, the last K tile short
     ],
 )
 def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes):

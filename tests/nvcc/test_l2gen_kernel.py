@@ -30,6 +30,7 @@ PROGRAMS = {
     "kn_cluster": ("b kn\n tile 128 x 128 x 64\n stages 4\n split_k cluster\n splits 2", 128),
     "nk_wide_extended": ("b nk\n tile 64 x 160 x 64\n stages 4", 160),
     "swap_kn_multicast": ("b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n cluster 1 x 4 x 1", 64),
+    "swap_nk_bk256": ("b nk\n tile 16 x 64 x 256\n swap_ab on\n stages 5\n split_k atomic\n hints stream\n splits 2", 16),
 }
 
 

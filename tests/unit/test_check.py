@@ -25,6 +25,8 @@ GOOD = [
     l2gen("tile 128 x 128 x 64 b nk cluster 2 x 2 x 1"),
     l2gen("tile 64 x 128 x 64 b nk cluster 8 x 1 x 1"),
     l2gen("tile 64 x 128 x 64 b kn cluster 1 x 8 x 1"),
+    l2gen("tile 16 x 64 x 256 swap_ab on b nk stages 5 split_k atomic splits 4"),
+    l2gen("tile 64 x 64 x 256 b kn stages 3"),
 ]
 
 
@@ -69,6 +71,8 @@ BAD = [
     (sm90("tile 128 x 256 x 64 mainloop pingpong"), H200, "E-REGS", "accumulators", 3),
     (sm90("tile 256 x 256 x 128 mainloop cooperative epilogue direct"), H200, "E-REGS", "accumulators", 3),
     (l2gen("tile 128 x 128 x 64 cluster 4 x 4 x 1"), H200, "E-CLUSTER", "at most 8", 3),
+    (l2gen("tile 64 x 64 x 512"), H200, "E-RANGE", "tile BK 512", 3),
+    (l2gen("tile 64 x 128 x 256 stages 4"), H200, "E-SMEM", "shared memory", 3),
     (l2gen("tile 128 x 128 x 64 cluster 3 x 1 x 1"), H200, "E-RANGE", "cluster M 3", 3),
     (l2gen("tile 128 x 128 x 64 cluster 2 x 1 x 2"), H200, "E-CLUSTER", "cluster K", 3),
     (l2gen("tile 128 x 128 x 64 split_k cluster cluster 2 x 1 x 1"), H200, "E-CLUSTER", "'split_k none', 'atomic' or 'ordered'", 3),
