@@ -14,7 +14,8 @@ so it works on a CPU too.
 throwaway database whose one winner is the timed shape (``--shape``, default 8x8x8), and
 operands (and outputs) cycled through ``--pool`` distinct tensors, so that no call has the
 addresses of the one before it. With ``--device cuda`` the winner is a CUTLASS sm90a program
-(``--program FILE``, default a 128x128x64 tile) built with nvcc and launched for real: the
+(``--program FILE``, default a 128x128x64 tile; a program with ``b nk`` is called as
+``a @ w.t()``, B stored N x K) built with nvcc and launched for real: the
 row ``l2gen.matmul`` less ``torch.matmul`` is the host time the whole served path (Python,
 ctypes and the library's C++ launch) adds. With ``--device cpu`` the library is a stub
 compiled with the C compiler (``cc``) that exports the entry ABI and returns at once, and
@@ -170,7 +171,15 @@ def served_dispatchers(folder: Path, device: str, m: int, n: int, k: int, progra
         d = dispatch.Dispatcher(db, gpu, launcher=launcher, verify=device == "cuda", b_layout=layout)
         dispatch._set_default(d)
         made[layout] = d
-    return made[BLayout.KN]
+    return made[_layout(program_file)]
+
+
+def _layout(program_file: str | None):
+    """The B layout the timed calls use: the winner's (``--program``), else K x N."""
+    from l2gen.ir import BLayout
+    from l2gen.parse import parse
+
+    return parse(Path(program_file).read_text(), program_file).b_layout if program_file else BLayout.KN
 
 
 def main() -> None:
@@ -193,9 +202,16 @@ def main() -> None:
     m, n, k = (int(v) for v in args.shape.lower().split("x")) if args.served else (8, 8, 8)
     dtype = torch.float16 if args.device == "cuda" or args.served else torch.float32
     pool = max(1, args.pool) if args.served else 1
+    # B as the winner stores it: K x N, or N x K called as w.t() (an nn.Linear weight)
+    nk = args.served and _layout(args.program).value == "nk"
+
+    def weight():
+        if nk:
+            return torch.randn(n, k, device=args.device, dtype=dtype).t()
+        return torch.randn(k, n, device=args.device, dtype=dtype)
+
     operands = [
-        (torch.randn(m, k, device=args.device, dtype=dtype), torch.randn(k, n, device=args.device, dtype=dtype),
-         torch.empty(m, n, device=args.device, dtype=dtype))
+        (torch.randn(m, k, device=args.device, dtype=dtype), weight(), torch.empty(m, n, device=args.device, dtype=dtype))
         for _ in range(pool)
     ]
     tmp = tempfile.TemporaryDirectory()
@@ -210,10 +226,15 @@ def main() -> None:
 
     # Each call takes the next (a, b, out) of the pool; the cycling costs every row alike.
     nxt = itertools.cycle(operands).__next__
+    # The N x K dispatcher takes the weight as stored; l2gen.matmul and the op take w.t().
+    if nk:
+        stored = itertools.cycle([(a, b.t(), c) for a, b, c in operands]).__next__
+    else:
+        stored = nxt
     if args.no_out:
         calls = {
             "torch.matmul": lambda: torch.matmul(*nxt()[:2]),
-            "Dispatcher": lambda: dispatcher(*nxt()[:2]),
+            "Dispatcher": lambda: dispatcher(*stored()[:2]),
             "l2gen.matmul": lambda: l2gen.matmul(*nxt()[:2]),
         }
         if args.served:
@@ -221,11 +242,21 @@ def main() -> None:
     else:
         calls = {
             "torch.matmul": lambda: torch.matmul(*(t := nxt())[:2], out=t[2]),
-            "Dispatcher": lambda: dispatcher(*(t := nxt())[:2], out=t[2]),
+            "Dispatcher": lambda: dispatcher(*(t := stored())[:2], out=t[2]),
             "l2gen.matmul": lambda: l2gen.matmul(*(t := nxt())[:2], out=t[2]),
         }
         if args.served:
             calls["torch_ops.mm"] = lambda: torch_ops.mm(*(t := nxt())[:2], out=t[2])
+    # l2gen.matmul serves B stored K x N only; an N x K weight is served through the op's
+    # linear, the path a patched nn.Linear takes.
+    user = "l2gen.matmul"
+    if nk:
+        del calls["l2gen.matmul"]
+        user = "linear"
+        if args.no_out:
+            calls[user] = lambda: torch_ops.linear(*stored()[:2])
+        else:
+            calls[user] = lambda: torch_ops.linear(*(t := stored())[:2], out=t[2])
     for fn in calls.values():
         fn()
     if args.served:
@@ -248,7 +279,7 @@ def main() -> None:
         added[name] = statistics.median(t - b for t, b in zip(values, base))
         print(f"{name:>14}: {statistics.median(values):6.3f} us per call (+{added[name]:.3f})")
     if args.served:
-        print(f"l2gen.matmul on fresh tensors, served on {args.device}: {added['l2gen.matmul']:+.3f} us per call "
+        print(f"{'torch_ops.linear' if nk else user} on fresh tensors, served on {args.device}: {added[user]:+.3f} us per call "
               f"over torch.matmul ({calls_per_round} calls x {args.rounds} rounds)")
 
 
