@@ -144,7 +144,8 @@ Decisions (omitted ones take the default in brackets):
   decomposition heuristic|data_parallel|split_k|stream_k (stream_k scheduler only) [heuristic].
 - sm90a impl l2gen only (no mainloop, epilogue, scheduler): swap_ab on|off
   (compute C^T = B^T A^T: N along wgmma's 64-row side, M along its N; for small M) [off];
-  stages N [4]; split_k none|cluster|atomic|ordered (cluster: the splits CTAs of a tile reduce
+  BK 64, 128 or 256 (a deeper K tile keeps more bytes in flight for few CTAs streaming a
+  long K); stages N [4]; split_k none|cluster|atomic|ordered (cluster: the splits CTAs of a tile reduce
   through distributed shared memory, deterministic; atomic: they add into a workspace, arrival
   order; ordered: each writes a workspace slot, the last sums them in split order,
   deterministic, splits <= 16; all in one launch; more splits than ceil(K/BK) fail at run
