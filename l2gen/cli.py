@@ -129,6 +129,11 @@ def cmd_build(args) -> int:
     from .runner import Builder
 
     programs, ok = _load(args.files, args.gpu)
+    if args.library is not None:  # the kernel library: every configuration, built once
+        from .library import library_dir, load
+
+        folder = Path(args.library) if args.library else library_dir(args.gpu)
+        programs += [(f"{folder}/{p.name}", p) for p in load(args.gpu, folder)]
     if args.db:  # each shape's best program: what the dispatcher will load, checked like a file's
         for shape, (p, _, _) in sorted(recorded_best(args).items()):
             problems = [d for d in check(p, args.gpu) if d.is_error]
@@ -139,7 +144,7 @@ def cmd_build(args) -> int:
             else:
                 programs.append((f"{args.db}:{shape}", p))
     if not programs:
-        raise fail("E-USAGE", "nothing to build: give DSL files or --db")
+        raise fail("E-USAGE", "nothing to build: give DSL files, --library or --db")
     # The library of a program's compile-time configuration (knobs are launch arguments):
     # the one bench, tune and the dispatcher share.
     def line(done, total, result):
@@ -199,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="compile programs to shared libraries (cached)")
     p.add_argument("files", nargs="*")
     p.add_argument("--db", help="also build each shape's best program in this kernel database")
+    p.add_argument("--library", nargs="?", const="", default=None, metavar="FOLDER",
+                   help="also build the kernel library (the one shipped for --gpu, or FOLDER's *.l2 files), "
+                        "whose libraries 'l2gen tune --library' launches without compiling")
     p.add_argument("-j", "--jobs", type=at_least(1), default=None, help="parallel nvcc jobs (default: cores)")
     p.add_argument("--timeout", type=positive_float, default=900, help="seconds per nvcc run")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")

@@ -12,6 +12,18 @@ from .timing import DEFAULT_ROUNDS, MIN_REPS
 from .validate import at_least, output_file, write_atomic
 
 
+def _share(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share between 0 and 1")
+    return value
+
+
 def _policy(args):
     from .ir import BLayout
     from .search.policies import EmbeddedPolicy, RandomPolicy
@@ -87,6 +99,16 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
         if path:  # before the work: a run must not end unable to write what it learned
             output_file(path, option)
     policy = _policy(args)  # a policy that cannot be made (an LLM not configured) before any file is touched
+    if args.library is not None:  # the library's knob settings first: launches of libraries already built
+        from .ir import BLayout
+        from .library import load
+        from .search.library_first import LibraryFirst
+
+        programs = load(args.gpu, args.library or None)  # a bad file: its diagnostics, exit 1
+        policy = LibraryFirst(policy, programs, args.gpu, budget=args.budget, share=args.library_share,
+                              b_layout=BLayout(args.b_layout))
+        eprint(f"[tune] kernel library: {len(programs)} configurations; up to {policy.quota} of each shape's "
+               f"{args.budget} candidates are their knob settings")
     try:  # before anything is built: a database of another protocol cannot take this run's rows
         with KernelDB(args.db) as db:
             db.check_gpu(args.gpu)
@@ -226,6 +248,10 @@ def add_commands(sub, shapes_of, layout_of) -> None:
     p.add_argument("--fresh-policy", action="store_true", help="start the embedded policy from zero, not from a shipped state")
     p.add_argument("--db", default=None, help="kernel database (SQLite); resumes from it (default l2gen-kernels.db, "
                    "with --simulate l2gen-kernels-simulated.db: simulated rows never share a database with measured ones)")
+    p.add_argument("--library", nargs="?", const="", default=None, metavar="FOLDER",
+                   help="measure the kernel library's knob settings first (the one shipped for the GPU, or FOLDER's "
+                        "*.l2 files): no compile where 'l2gen build --library' built it")
+    p.add_argument("--library-share", type=_share, default=0.5, help="the most of each shape's budget the library takes (default 0.5)")
     p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=at_least(MIN_REPS), default=50, help="timed runs per median and round")

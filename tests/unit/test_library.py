@@ -1,0 +1,175 @@
+"""The kernel library: the shipped configurations, their knob settings, the model's order,
+building it, and tuning that starts from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from l2gen import library
+from l2gen.check import check
+from l2gen.cli import main
+from l2gen.diagnostics import DiagnosticError
+from l2gen.ir import BLayout, Family, Knobs
+from l2gen.lower import build_program
+from l2gen.printer import format_program
+from l2gen.problem import Measurement, Shape, program_key
+from l2gen.search.base import Proposal
+from l2gen.search.library_first import LIBRARY_KIND, LibraryFirst
+from l2gen.search.simulate import model_us
+from l2gen.targets import GPUS
+
+H200 = GPUS["h200"]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return library.load(H200)
+
+
+def test_the_shipped_library_is_a_few_dozen_distinct_checked_configurations(shipped):
+    assert 12 <= len(shipped) <= 64
+    builds = {format_program(build_program(p)) for p in shipped}
+    assert len(builds) == len(shipped)  # no two build the same library
+    assert all(p.knobs == Knobs() for p in shipped)
+    assert all(not [d for d in check(p, H200) if d.is_error] for p in shipped)
+    # every family, and both B layouts of l2gen's own kernel
+    assert {p.family for p in shipped} == set(Family)
+    assert {p.b_layout for p in shipped if p.family is Family.SM90_L2GEN} == set(BLayout)
+
+
+def test_knob_settings_keep_the_build_and_fit_the_shape(shipped):
+    shape = Shape(64, 1024, 1024)
+    for program in shipped:
+        settings = library.knob_settings(program, shape, H200)
+        assert settings, program.name
+        assert len({format_program(s) for s in settings}) == len(settings)
+        k_tiles = -(-shape.k // program.config.tile.k)
+        for s in settings:
+            assert format_program(build_program(s)) == format_program(build_program(program))
+            assert 1 <= s.knobs.splits <= k_tiles
+            assert not [d for d in check(s, H200) if d.is_error]
+    # a splitting configuration offers several split counts, a non-splitting one only 1
+    splitting = next(p for p in shipped if p.name == "nk_16x64x128_swap_s8_atomic")
+    assert {s.knobs.splits for s in library.knob_settings(splitting, shape, H200)} >= {1, 2, 4, 8}
+    plain = next(p for p in shipped if p.name == "tiny_sm80")
+    assert {s.knobs.splits for s in library.knob_settings(plain, shape, H200)} == {1}
+
+
+def test_ranked_takes_each_configurations_best_first_by_the_model(shipped):
+    shape = Shape(1, 4096, 4096)
+    top = library.ranked(shipped, shape, H200, 12, b_layout=BLayout.NK)
+    assert len(top) == 12
+    assert all(p.b_layout is BLayout.NK for p in top)
+    configs = [format_program(build_program(p)) for p in top]
+    distinct = len(set(configs))
+    assert configs[:distinct] == list(dict.fromkeys(configs))  # one setting per configuration, then seconds
+    firsts = [model_us(p, shape, H200) for p in top[:distinct]]
+    assert firsts == sorted(firsts)
+    for p in top[:distinct]:  # each is its configuration's best setting
+        best = min(model_us(s, shape, H200) for s in library.knob_settings(p, shape, H200))
+        assert model_us(p, shape, H200) == pytest.approx(best)
+    skip = {program_key(top[0])}
+    assert program_key(library.ranked(shipped, shape, H200, 1, b_layout=BLayout.NK, exclude=skip)[0]) not in skip
+
+
+def test_a_bad_library_names_its_file(tmp_path):
+    with pytest.raises(DiagnosticError, match="no kernel library"):
+        library.load(H200, tmp_path)
+    (tmp_path / "a.l2").write_text("kernel a {\n arch sm80\n tile 64 x 64 x 32\n}\n")
+    (tmp_path / "b.l2").write_text("kernel b {\n arch sm80\n tile 100 x 64 x 32\n}\n")
+    (tmp_path / "c.l2").write_text("kernel c {\n arch sm80\n tile 64 x\n}\n")
+    with pytest.raises(DiagnosticError) as exc:
+        library.load(H200, tmp_path)
+    text = str(exc.value)
+    assert "b.l2:3" in text and "tile BM 100" in text and "c.l2" in text
+    (tmp_path / "b.l2").unlink()
+    (tmp_path / "c.l2").unlink()
+    (tmp_path / "d.l2").write_text("kernel d {\n arch sm80\n tile 64 x 64 x 32\n raster along_m\n}\n")
+    assert len(library.load(H200, tmp_path)) == 1  # d only differs from a in a knob
+
+
+class _Inner:
+    name = "inner"
+
+    def __init__(self):
+        self.updates = []
+        self.asked = []
+        self.primed = False
+
+    def propose(self, shape, history, n):
+        self.asked.append(n)
+        return [Proposal(library.load(H200)[0], "inner") for _ in range(n)]
+
+    def update(self, shape, results):
+        self.updates.append(results)
+
+    def prime(self, db):
+        self.primed = True
+
+
+def test_library_first_spends_its_share_then_hands_over(shipped):
+    inner = _Inner()
+    policy = LibraryFirst(inner, shipped, H200, budget=16, share=0.5, b_layout=BLayout.NK)
+    shape = Shape(16, 4096, 4096)
+    first = policy.propose(shape, [], 6)
+    assert len(first) == 6 and all(p.meta["kind"] == LIBRARY_KIND for p in first)
+    assert inner.asked == []
+    measured = [Measurement(shape, p.program, "ok", time_us=10.0, baseline_us=11.0) for p in first]
+    second = policy.propose(shape, measured, 6)  # 2 left of the share of 8, then the inner policy's
+    assert [p.meta.get("kind") for p in second[:2]] == [LIBRARY_KIND] * 2 and inner.asked == [4]
+    assert {program_key(p.program) for p in second[:2]}.isdisjoint(program_key(p.program) for p in first)
+    assert policy.propose(shape, measured, 3) and inner.asked == [4, 3]
+    other = policy.propose(Shape(1, 4096, 4096), [], 2)  # every shape has its own share
+    assert all(p.meta["kind"] == LIBRARY_KIND for p in other)
+    policy.update(shape, list(zip(first, measured)))
+    assert inner.updates and inner.updates[0][0][0] is first[0]
+    policy.prime(None)  # what the tuning loop asks of the policy reaches the wrapped one
+    assert inner.primed and policy.name == "inner"
+    with pytest.raises(ValueError):
+        LibraryFirst(inner, shipped, H200, budget=8, share=1.5)
+
+
+def test_library_first_does_not_repeat_what_is_measured(shipped):
+    shape = Shape(64, 1024, 16384)
+    policy = LibraryFirst(_Inner(), shipped, H200, budget=8, share=1.0, b_layout=BLayout.NK)
+    done = library.ranked(shipped, shape, H200, 3, b_layout=BLayout.NK)
+    history = [Measurement(shape, p, "ok", time_us=10.0, baseline_us=11.0) for p in done]
+    fresh = policy.propose(shape, history, 4)
+    assert {program_key(p.program) for p in fresh}.isdisjoint(program_key(p) for p in done)
+
+
+def test_build_library_builds_every_configuration_once(tmp_path, monkeypatch, capsys):
+    import l2gen.build
+    from l2gen.build import BuildResult
+
+    built = []
+
+    def fake_build_many(sources, **kw):
+        built.extend(sources)
+        return [BuildResult(s, tmp_path / f"{s.entry}.so") for s in sources]
+
+    monkeypatch.setattr(l2gen.build, "build_many", fake_build_many)
+    assert main(["build", "--library"]) == 0
+    assert len(built) == len(library.load(H200))
+    assert len({s.entry for s in built}) == len(built)
+    assert all(s.program.knobs == Knobs() for s in built)
+    assert str(library.library_dir(H200)) in capsys.readouterr().out
+    assert main(["build", "--library", str(tmp_path)]) == 1  # no *.l2 there
+    assert "no kernel library" in capsys.readouterr().err
+
+
+def test_tune_library_measures_library_settings_first(tmp_path, capsys):
+    from l2gen.db import KernelDB
+
+    db = tmp_path / "sim.db"
+    shape = "64x1024x16384"
+    assert main(["tune", "--simulate", "--library", "--library-share", "0.5", "--shape", shape, "--b", "nk",
+                 "--budget", "8", "--batch", "4", "--db", str(db), "--fresh-policy"]) == 0
+    assert "kernel library: " in capsys.readouterr().err
+    shipped = library.load(H200)
+    expected = {program_key(p) for p in library.ranked(shipped, Shape(64, 1024, 16384), H200, 4, b_layout=BLayout.NK)}
+    with KernelDB(db) as kdb:
+        rows = kdb.history(H200, Shape(64, 1024, 16384))
+    assert len(rows) == 8
+    assert {program_key(m.program) for m in rows[:4]} == expected
+    assert main(["tune", "--simulate", "--library-share", "2", "--shape", shape]) == 2
