@@ -33,6 +33,10 @@
 #                  shapes at once, TUNE_BUNDLE programs per nvcc run; databases, curves and
 #                  the policy state land in $RESULTS (a database in .device-in/ of the same
 #                  name is copied there first, so a cut-short tune resumes)
+#                  (TUNE_LIBRARY=SHARE: the kernel library's knob settings take up to that share of
+#                  each shape's budget first; run the library step before)
+#   library        l2gen build --library with LIBRARY_JOBS (16) nvcc jobs: the wall time of building
+#                  the kernel library shipped for the GPU, on its own
 #   shipdb         merge the tuned databases (and the databases in $SHIP_FROM, the bench
 #                  results files in $SHIP_BENCH) into $RESULTS/kernels_h200.db
 #   dbtop          bench each shape's TOP (3) best programs of $TOP_DB afresh (results named
@@ -145,6 +149,14 @@ for step in "$@"; do
         -o "$RESULTS/server.json" 2> "$RESULTS/server.log" > "$RESULTS/server.txt" || status=1
       tail -60 "$RESULTS/server.txt"
       ;;
+    library)
+      # the kernel library shipped for the GPU, built with 16 nvcc jobs: its wall time alone
+      start=$(date +%s)
+      timeout "${LIBRARY_TIMEOUT:-580}" $L2GEN build --library -j "${LIBRARY_JOBS:-16}" \
+        > "$RESULTS/library-build.txt" 2> "$RESULTS/library-build.log" || status=1
+      echo "library build: $(( $(date +%s) - start )) s wall, $(grep -c '\.so$' "$RESULTS/library-build.txt") libraries" \
+        | tee -a "$RESULTS/library-build.txt"
+      ;;
     tune-random|tune-embedded)
       policy=${step#tune-}
       if [ -f ".device-in/tune-$policy.db" ] && [ ! -f "$RESULTS/tune-$policy.db" ]; then
@@ -154,9 +166,12 @@ for step in "$@"; do
         fi
       fi
       extra=()
+      if [ -n "${TUNE_LIBRARY:-}" ]; then  # the library's knob settings first (build it first: the library step)
+        extra+=(--library --library-share "${TUNE_LIBRARY}")
+      fi
       if [ "$policy" = embedded ]; then
         batch=${TUNE_BATCH:-4}
-        extra=(--policy-state "$RESULTS/policy_h200.json")
+        extra+=(--policy-state "$RESULTS/policy_h200.json")
       else
         batch=${TUNE_BATCH_RANDOM:-8}  # the random policy learns nothing: one batch per shape
       fi
