@@ -5,6 +5,13 @@ model's predicted times and the measured times of that shape's verified programs
     python bench/model_rank.py bench/results/2026-12-03-h200-multicast-sweep-clean-935be28.json ...
 
 Prints one line per (file, shape) and the median over shapes (issue target: >= 0.8).
+
+``--learned`` also ranks each shape's programs by the learned model
+(:class:`l2gen.search.learned.LearnedModel`) fit on every other shape's rows of the files
+given (leave-one-shape-out: no row of the shape itself, from any file, is seen), as it
+would rank a shape never measured:
+
+    python bench/model_rank.py --learned bench/results/2026-12-04-h200-decode-run1-c7524d3.json ...
 """
 
 from __future__ import annotations
@@ -15,58 +22,55 @@ import sys
 from l2gen.parse import parse
 from l2gen.problem import Shape
 from l2gen.schema import read_results
+from l2gen.search.learned import spearman
 from l2gen.search.simulate import model_us
 from l2gen.targets import GPUS
 
 
-def ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):  # ties share their mean rank
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for t in range(i, j + 1):
-            out[order[t]] = (i + j) / 2
-        i = j + 1
+def _rows(paths: list[str]) -> list[tuple[str, Shape, object, float]]:
+    out = []
+    for path in paths:
+        data = read_results(path)  # a results file, checked field by field
+        for row in data["rows"]:
+            if row.get("status") == "ok" and row.get("program_text") and row.get("l2gen_us"):
+                out.append((path, Shape(row["m"], row["n"], row["k"]), parse(row["program_text"]), row["l2gen_us"]))
     return out
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else 0.0
+def main(paths: list[str], learned: bool = False) -> int:
+    from l2gen.search.learned import LearnedModel
 
-
-def main(paths: list[str]) -> int:
     gpu = GPUS["h200"]
-    per_shape = []
-    for path in paths:
-        data = read_results(path)  # a results file, checked field by field
-        by_shape: dict[tuple, list[tuple[float, float]]] = {}
-        for row in data["rows"]:
-            if row.get("status") != "ok" or not row.get("program_text"):
-                continue
-            program = parse(row["program_text"])
-            shape = Shape(row["m"], row["n"], row["k"])
-            by_shape.setdefault((row["m"], row["n"], row["k"]), []).append((model_us(program, shape, gpu), row["l2gen_us"]))
-        for key, pairs in sorted(by_shape.items()):
-            if len(pairs) < 3:
-                continue
-            rho = spearman([p for p, _ in pairs], [t for _, t in pairs])
-            per_shape.append(rho)
-            print(f"{path.split('/')[-1]:55s} {'x'.join(map(str, key)):>18s} n={len(pairs):3d} spearman {rho:+.2f}")
+    rows = _rows(paths)
+    per_shape, per_shape_learned = [], []
+    keys = sorted({(path, (s.m, s.n, s.k)) for path, s, _, _ in rows})
+    for path, key in keys:
+        mine = [(s, p, t) for f, s, p, t in rows if f == path and (s.m, s.n, s.k) == key]
+        if len(mine) < 3:
+            continue
+        shape = mine[0][0]
+        times = [t for _, _, t in mine]
+        rho = spearman([model_us(p, shape, gpu) for _, p, _ in mine], times)
+        per_shape.append(rho)
+        line = f"{path.split('/')[-1]:55s} {'x'.join(map(str, key)):>18s} n={len(mine):3d} spearman {rho:+.2f}"
+        if learned:
+            model = LearnedModel(gpu).fit((p, s, t) for _, s, p, t in rows if (s.m, s.n, s.k) != key)
+            lrho = spearman(model.predict_us([p for _, p, _ in mine], shape), times)
+            per_shape_learned.append(lrho)
+            line += f"  learned {lrho:+.2f}"
+        print(line)
     if not per_shape:
         print("no shape with 3 or more verified programs", file=sys.stderr)
         return 1
-    print(f"median over {len(per_shape)} shapes: {statistics.median(per_shape):+.2f}")
+    print(f"median over {len(per_shape)} shapes: {statistics.median(per_shape):+.2f}"
+          + (f"  learned (leave-one-shape-out): {statistics.median(per_shape_learned):+.2f}" if learned else ""))
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    use_learned = "--learned" in args
+    args = [a for a in args if a != "--learned"]
+    if not args:
         raise SystemExit(__doc__)
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(args, learned=use_learned))

@@ -24,6 +24,40 @@ def _share(text: str) -> float:
     return value
 
 
+def _learn_library_ranking(args, policy) -> None:
+    """Rank the library's settings by a model learned from measurements where there are
+    enough: this run's database and the one shipped for the GPU (same protocol and layout)."""
+    from .db import DatabaseError, KernelDB
+    from .dispatch import default_db_path
+    from .ir import BLayout
+    from .search.learned import MIN_ROWS, LearnedModel
+
+    paths = [Path(args.db)]
+    shipped = default_db_path(args.gpu)
+    if shipped is not None and shipped.resolve() != Path(args.db).resolve():
+        paths.append(shipped)
+    dbs = []
+    try:
+        for path in paths:
+            if path.is_file():
+                db = KernelDB(path, readonly=True)
+                if db.l2 == args.l2:
+                    dbs.append(db)
+                else:
+                    db.close()
+        policy.model = LearnedModel.from_dbs(dbs, args.gpu, l2=args.l2, b_layout=BLayout(args.b_layout))
+    except DatabaseError as exc:
+        eprint(f"[tune] kernel library: no learned ranking ({exc}); the analytic model ranks it")
+        return
+    finally:
+        for db in dbs:
+            db.close()
+    if policy.model is None:
+        eprint(f"[tune] kernel library: fewer than {MIN_ROWS} measurements to learn from; the analytic model ranks it")
+    else:
+        eprint(f"[tune] kernel library: ranked by a model learned from {len(policy.model)} measurements")
+
+
 def _policy(args):
     from .ir import BLayout
     from .search.policies import EmbeddedPolicy, RandomPolicy
@@ -120,6 +154,8 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
         raise usage("E-EVIDENCE", f"{exc} (this tune {'simulates' if args.simulate else 'measures on a GPU'})") from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
+    if args.library is not None and not args.simulate:
+        _learn_library_ranking(args, policy)
     evaluator = _evaluator(args)
     try:
         with KernelDB(args.db) as db, reporter() as report:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .check import check
 from .diagnostics import Diagnostic, DiagnosticError
@@ -95,14 +95,21 @@ def knob_settings(program: Program, shape: Shape, gpu: Gpu) -> list[Program]:
 
 
 def ranked(programs: Sequence[Program], shape: Shape, gpu: Gpu, n: int, *, b_layout: BLayout | None = None,
-           exclude: set[str] | frozenset[str] = frozenset()) -> list[Program]:
+           exclude: set[str] | frozenset[str] = frozenset(),
+           score: Callable[[Sequence[Program], Shape], Sequence[float]] | None = None) -> list[Program]:
     """``n`` knob settings of ``programs`` (of ``b_layout``, if given) for ``shape``, in the
-    order the analytic cost model expects them fastest, one configuration at a time: every
+    order a cost model expects them fastest (``score``: predicted µs of programs on a
+    shape, e.g. a :class:`~l2gen.search.learned.LearnedModel`'s ``predict_us``; default the
+    analytic model), one configuration at a time: every
     configuration's best setting first (fastest configuration first), then every one's
     second best, and so on, so that a model wrong about one configuration costs one
     measurement, not the batch. None whose :func:`~l2gen.problem.program_key` is in
     ``exclude``."""
-    from .search.simulate import model_us
+    if score is None:
+        from .search.simulate import model_us
+
+        def score(candidates, shape):
+            return [model_us(c, shape, gpu) for c in candidates]
 
     groups = []
     for program in programs:
@@ -110,8 +117,8 @@ def ranked(programs: Sequence[Program], shape: Shape, gpu: Gpu, n: int, *, b_lay
             continue
         settings = [s for s in knob_settings(program, shape, gpu) if program_key(s) not in exclude]
         if settings:
-            timed = sorted(((model_us(s, shape, gpu), i, s) for i, s in enumerate(settings)), key=lambda t: t[:2])
-            groups.append(timed)
+            times = score(settings, shape)
+            groups.append(sorted(((t, i, s) for i, (t, s) in enumerate(zip(times, settings))), key=lambda t: t[:2]))
     groups.sort(key=lambda g: g[0][0])
     out = []
     for depth in range(max((len(g) for g in groups), default=0)):

@@ -13,6 +13,7 @@ from l2gen.ir import BLayout, Family, Knobs
 from l2gen.lower import build_program
 from l2gen.printer import format_program
 from l2gen.problem import Measurement, Shape, program_key
+from l2gen.runtime import device_count
 from l2gen.search.base import Proposal
 from l2gen.search.library_first import LIBRARY_KIND, LibraryFirst
 from l2gen.search.simulate import model_us
@@ -173,3 +174,65 @@ def test_tune_library_measures_library_settings_first(tmp_path, capsys):
     assert len(rows) == 8
     assert {program_key(m.program) for m in rows[:4]} == expected
     assert main(["tune", "--simulate", "--library-share", "2", "--shape", shape]) == 2
+
+
+# ---- the learned ranking -------------------------------------------------------------
+
+
+def _biased_rows(shipped, shapes):
+    """Rows whose 'measured' time is the analytic model's, made 3x slower for every split
+    (a systematic error the analytic model does not know)."""
+    rows = []
+    for shape in shapes:
+        for program in shipped:
+            if program.b_layout is not BLayout.NK:
+                continue
+            for s in library.knob_settings(program, shape, H200)[::7]:
+                rows.append((s, shape, model_us(s, shape, H200) * (3.0 if s.knobs.splits > 1 else 1.0)))
+    return rows
+
+
+def test_a_learned_model_ranks_a_new_shape_by_what_was_measured_on_others(shipped):
+    from l2gen.search.learned import LearnedModel, spearman
+    train = _biased_rows(shipped, [Shape(1, 4096, 4096), Shape(16, 8192, 2048), Shape(64, 2048, 8192), Shape(32, 6144, 4096)])
+    model = LearnedModel(H200).fit(train)
+    assert len(model) == len(train)
+    new = Shape(16, 4096, 14336)
+    test = _biased_rows(shipped, [new])
+    programs, truth = [p for p, _, _ in test], [t for _, _, t in test]
+    learned = spearman(model.predict_us(programs, new), truth)
+    analytic = spearman([model_us(p, new, H200) for p in programs], truth)
+    assert learned > analytic + 0.1 and learned > 0.8
+    # the library's order follows the model given to it
+    top = library.ranked(shipped, new, H200, 5, b_layout=BLayout.NK, score=model.predict_us)
+    assert all(p.knobs.splits == 1 for p in top)
+    assert LearnedModel(H200).predict_us(programs[:2], new) == [model_us(p, new, H200) for p in programs[:2]]
+    assert spearman([1, 2, 3, 3], [10, 20, 30, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0) and spearman([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_a_learned_model_needs_enough_measurements(tmp_path, shipped):
+    from l2gen.db import KernelDB
+    from l2gen.search.learned import MIN_ROWS, LearnedModel
+
+    with KernelDB(tmp_path / "k.db") as db:
+        rows = _biased_rows(shipped, [Shape(16, 4096, 4096)])[: MIN_ROWS - 1]
+        for p, s, t in rows:
+            db.add(Measurement(s, p, "ok", time_us=t, baseline_us=t), H200)
+        assert LearnedModel.from_dbs([db], H200) is None
+        p, s, t = _biased_rows(shipped, [Shape(16, 2048, 4096)])[0]
+        db.add(Measurement(s, p, "ok", time_us=t, baseline_us=t), H200)
+        db.add(Measurement(s, p, "wrong", time_us=t, baseline_us=t), H200)  # never learned from
+        model = LearnedModel.from_dbs([db], H200)
+        assert model is not None and len(model) == MIN_ROWS
+        assert LearnedModel.from_dbs([db], H200, b_layout=BLayout.KN) is None
+
+
+@pytest.mark.skipif(device_count() > 0, reason="on a GPU the tune would run")
+def test_tune_library_learns_its_ranking_from_the_shipped_measurements(tmp_path, capsys, monkeypatch):
+    """Without a GPU the tune stops at the evaluator, after the library's ranking is fit on
+    the shipped database's measured rows of the layout."""
+    monkeypatch.delenv("L2GEN_DB", raising=False)
+    assert main(["tune", "--library", "--shape", "64x4096x4096", "--b", "nk", "--db", str(tmp_path / "k.db")]) == 1
+    err = capsys.readouterr().err
+    assert "ranked by a model learned from" in err and "E-GPU" in err

@@ -1,0 +1,89 @@
+"""A learned cost model: the analytic model's time, corrected by what was measured.
+
+:class:`LearnedModel` is a ridge regression of log(measured time) on a program's features
+on a shape (:func:`~l2gen.search.policies.program_vector`: its decisions crossed with the
+shape's features, wave quantization, split work) plus log of the analytic model's time
+(:func:`~l2gen.search.simulate.model_us`). Fit on the measurements of other shapes, it
+ranks a new shape's candidates far closer to how they measure than the analytic model
+alone (``bench/model_rank.py --learned``, leave-one-shape-out over the committed results).
+It needs measurements to learn from: :meth:`LearnedModel.from_dbs` fits one on kernel
+databases' verified rows, or returns None where there are too few.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..ir import BLayout, Program
+from ..problem import Shape
+from ..targets import Gpu
+from .policies import RidgeCostModel, program_vector
+from .simulate import model_us
+
+MIN_ROWS = 32  # fewer verified measurements than this: no learned model
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation of two equally long sequences (ties share their mean
+    rank); 0 where either is constant."""
+
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for t in range(i, j + 1):
+                out[order[t]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = np.array(ranks(list(a))), np.array(ranks(list(b)))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    var = float(np.sqrt((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum()) / var if var else 0.0
+
+
+def features(program: Program, shape: Shape, gpu: Gpu) -> np.ndarray:
+    return np.append(program_vector(program, shape, gpu), math.log(model_us(program, shape, gpu)))
+
+
+class LearnedModel:
+    """Predicted microseconds of a program on a shape, learned from measured ones."""
+
+    def __init__(self, gpu: Gpu, lam: float = 1.0):
+        self.gpu = gpu
+        self._ridge = RidgeCostModel(lam=lam)
+
+    def __len__(self) -> int:
+        return len(self._ridge)
+
+    def fit(self, rows: Iterable[tuple[Program, Shape, float]]) -> "LearnedModel":
+        """Add (program, shape, measured µs) rows; returns self."""
+        rows = [(p, s, t) for p, s, t in rows if t and t > 0]
+        if rows:
+            self._ridge.add_many([features(p, s, self.gpu) for p, s, _ in rows], [math.log(t) for _, _, t in rows])
+        return self
+
+    def predict_us(self, programs: Sequence[Program], shape: Shape) -> list[float]:
+        if not len(self._ridge):
+            return [model_us(p, shape, self.gpu) for p in programs]
+        return [math.exp(v) for v in self._ridge.predict([features(p, shape, self.gpu) for p in programs])]
+
+    @classmethod
+    def from_dbs(cls, dbs: Sequence, gpu: Gpu, *, l2: str | None = None, b_layout: BLayout | None = None,
+                 min_rows: int = MIN_ROWS) -> "LearnedModel | None":
+        """A model fit on the verified rows of kernel databases for ``gpu`` (under ``l2``;
+        of ``b_layout``, if given), or None where they hold fewer than ``min_rows``."""
+        rows = []
+        for db in dbs:
+            for shape in db.shapes(gpu):
+                for m in db.history(gpu, shape, l2=l2):
+                    if m.status == "ok" and m.time_us and (b_layout is None or m.program.b_layout is b_layout):
+                        rows.append((m.program, shape, m.time_us))
+        return cls(gpu).fit(rows) if len(rows) >= min_rows else None
