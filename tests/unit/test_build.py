@@ -561,3 +561,18 @@ def test_nvcc_command_for_a_source_with_host_code(env, tmp_path):
 
 def log_lines(log: Path) -> list[str]:
     return log.read_text().splitlines()
+
+
+def test_sm90a_sources_include_only_the_hopper_pieces_of_the_mainloop_builder():
+    """The umbrella collective_builder.hpp (every architecture's mainloops and builders) and
+    the device-level adapter (CUTLASS 2.x device headers) cost an sm90a build ~6% of its
+    CPU for nothing (bench/results/2026-12-04-cpu-build-times-ab-4a34937.json)."""
+    from l2gen.lower import lower
+    from l2gen.parse import parse
+    from l2gen.targets import GPUS
+
+    program = parse("kernel k {\n arch sm90a\n tile 128 x 128 x 64\n}\n")
+    code = lower(program, GPUS["h200"]).code
+    assert '#include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"' in code
+    assert '#include "cutlass/gemm/collective/collective_builder.hpp"' not in code
+    assert "gemm_universal_adapter.h" not in code and "GemmUniversalAdapter<" not in code
