@@ -230,8 +230,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     elif splits > 1:
         # atomic: every split adds its tile in L2 and takes a ticket; the last reads the sum
         # back and zeroes it. The last CTA's chain of round trips, whatever the split count
-        # (per-block timeline at 1024x256x4096: 1.7-2.3 us for a 64x64 tile, 2.5-4 for
-        # 128x128; bench/results/README.md, "Inside a split").
+        # (what the per-block timelines measured: bench/results/README.md, "Inside a split").
         t_epi += 1.0 + rows * cols * 4 * 2 / bw_sm
     looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs of a persistent grid
     if kn.decomposition is Decomposition.HEURISTIC and l2gen_persistent(cfg, gpu.smem_per_block) and units > gpu.sms * looping:
