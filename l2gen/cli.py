@@ -130,7 +130,7 @@ def cmd_build(args) -> int:
 
     programs, ok = _load(args.files, args.gpu)
     if args.library is not None:  # the kernel library: every configuration, built once
-        from .library import library_dir, load
+        from .search.library import library_dir, load
 
         folder = Path(args.library) if args.library else library_dir(args.gpu)
         programs += [(f"{folder}/{p.name}", p) for p in load(args.gpu, folder)]

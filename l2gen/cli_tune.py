@@ -135,7 +135,7 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
     policy = _policy(args)  # a policy that cannot be made (an LLM not configured) before any file is touched
     if args.library is not None:  # the library's knob settings first: launches of libraries already built
         from .ir import BLayout
-        from .library import load
+        from .search.library import load
         from .search.library_first import LibraryFirst
 
         programs = load(args.gpu, args.library or None)  # a bad file: its diagnostics, exit 1

@@ -1,7 +1,7 @@
 """Library first: a shape's first measurements are knob settings of already-built libraries.
 
 :class:`LibraryFirst` wraps any policy. For each shape it first proposes the kernel
-library's knob settings (:func:`l2gen.library.ranked`: each configuration's best setting
+library's knob settings (:func:`l2gen.search.library.ranked`: each configuration's best setting
 by a cost model, then the next best; the model learned from measurements where there are
 enough, else the analytic one), up to a share of the shape's budget; then it
 hands the shape to the policy it wraps. With the library built beforehand (``l2gen build
@@ -18,6 +18,7 @@ from ..ir import BLayout, Program
 from ..problem import Measurement, Shape, program_key
 from ..targets import Gpu
 from .base import Policy, Proposal
+from .library import ranked
 
 LIBRARY_KIND = "library"
 
@@ -46,8 +47,6 @@ class LibraryFirst:
         return getattr(self.inner, attr)
 
     def propose(self, shape: Shape, history: Sequence[Measurement], n: int) -> list[Proposal]:
-        from ..library import ranked
-
         left = min(n, self.quota - self._issued.get(shape, 0))
         proposals: list[Proposal] = []
         if left > 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from l2gen import library
+from l2gen.search import library
 from l2gen.check import check
 from l2gen.cli import main
 from l2gen.diagnostics import DiagnosticError

@@ -21,17 +21,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .check import check
-from .diagnostics import Diagnostic, DiagnosticError
-from .ir import BLayout, Knobs, Program, Span
-from .lower import build_program
-from .parse import parse_file
-from .printer import format_program
-from .problem import Shape, program_key
-from .space import SLOTS, assemble, choices_of, sanitize, splits_apply
-from .targets import Gpu
+from ..check import check
+from ..diagnostics import Diagnostic, DiagnosticError
+from ..ir import BLayout, Knobs, Program, Span
+from ..lower import build_program
+from ..parse import parse_file
+from ..printer import format_program
+from ..problem import Shape, program_key
+from ..space import SLOTS, assemble, choices_of, sanitize, splits_apply
+from ..targets import Gpu
+from .simulate import model_us
 
-LIBRARY_ROOT = Path(__file__).parent / "data" / "library"
+LIBRARY_ROOT = Path(__file__).parent.parent / "data" / "library"
 
 
 def library_dir(gpu: Gpu) -> Path:
@@ -106,8 +107,6 @@ def ranked(programs: Sequence[Program], shape: Shape, gpu: Gpu, n: int, *, b_lay
     measurement, not the batch. None whose :func:`~l2gen.problem.program_key` is in
     ``exclude``."""
     if score is None:
-        from .search.simulate import model_us
-
         def score(candidates, shape):
             return [model_us(c, shape, gpu) for c in candidates]
 
