@@ -9,19 +9,7 @@ from .cli_common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
 from .cli_model import add_model_options
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .timing import DEFAULT_ROUNDS, MIN_REPS
-from .validate import at_least, output_file, write_atomic
-
-
-def _share(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a share between 0 and 1")
-    return value
+from .validate import at_least, fraction, output_file, write_atomic
 
 
 def _learn_library_ranking(args, policy) -> None:
@@ -38,13 +26,9 @@ def _learn_library_ranking(args, policy) -> None:
         paths.append(shipped)
     dbs = []
     try:
-        for path in paths:
+        for path in paths:  # rows of another protocol do not count: the lookups ask for args.l2
             if path.is_file():
-                db = KernelDB(path, readonly=True)
-                if db.l2 == args.l2:
-                    dbs.append(db)
-                else:
-                    db.close()
+                dbs.append(KernelDB(path, readonly=True))
         policy.model = LearnedModel.from_dbs(dbs, args.gpu, l2=args.l2, b_layout=BLayout(args.b_layout))
     except DatabaseError as exc:
         eprint(f"[tune] kernel library: no learned ranking ({exc}); the analytic model ranks it")
@@ -287,7 +271,7 @@ def add_commands(sub, shapes_of, layout_of) -> None:
     p.add_argument("--library", nargs="?", const="", default=None, metavar="FOLDER",
                    help="measure the kernel library's knob settings first (the one shipped for the GPU, or FOLDER's "
                         "*.l2 files): no compile where 'l2gen build --library' built it")
-    p.add_argument("--library-share", type=_share, default=0.5, help="the most of each shape's budget the library takes (default 0.5)")
+    p.add_argument("--library-share", type=fraction, default=0.5, help="the most of each shape's budget the library takes (default 0.5)")
     p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=at_least(MIN_REPS), default=50, help="timed runs per median and round")

@@ -82,6 +82,20 @@ def positive_float(text: str) -> float:
 positive_float.__name__ = "positive number"
 
 
+def fraction(text: str) -> float:
+    """An argparse ``type=`` for a share: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text[:40]}")
+    return value
+
+
+fraction.__name__ = "share"
+
+
 def _show(value) -> str:
     """A short rendering of a bad value (an integer of 200,000 digits is not printed)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
