@@ -128,9 +128,10 @@ class StubLauncher(TorchLauncher):
         return bool(ok and (out is None or (out.dtype is f16 and out.is_contiguous())))
 
 
-def served_dispatchers(folder: Path, device: str, m: int, n: int, k: int, program_file: str | None):
+def served_dispatchers(folder: Path, device: str, m: int, n: int, k: int, program_file: str | None, timed):
     """Dispatchers of both B layouts over a database whose one winner (each layout) is the
-    timed shape, made the defaults of l2gen.matmul and of the torch op; returns the K x N one."""
+    timed shape, made the defaults of l2gen.matmul and of the torch op; returns the one of
+    the ``timed`` layout."""
     from l2gen.db import KernelDB
     from l2gen.ir import BLayout, Family
     from l2gen.parse import parse
@@ -171,7 +172,7 @@ def served_dispatchers(folder: Path, device: str, m: int, n: int, k: int, progra
         d = dispatch.Dispatcher(db, gpu, launcher=launcher, verify=device == "cuda", b_layout=layout)
         dispatch._set_default(d)
         made[layout] = d
-    return made[_layout(program_file)]
+    return made[timed]
 
 
 def _layout(program_file: str | None):
@@ -203,7 +204,8 @@ def main() -> None:
     dtype = torch.float16 if args.device == "cuda" or args.served else torch.float32
     pool = max(1, args.pool) if args.served else 1
     # B as the winner stores it: K x N, or N x K called as w.t() (an nn.Linear weight)
-    nk = args.served and _layout(args.program).value == "nk"
+    layout = _layout(args.program if args.served else None)
+    nk = layout.value == "nk"
 
     def weight():
         if nk:
@@ -217,7 +219,7 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     # l2gen.matmul's default from here on
     if args.served:
-        dispatcher = served_dispatchers(Path(tmp.name), args.device, m, n, k, args.program)
+        dispatcher = served_dispatchers(Path(tmp.name), args.device, m, n, k, args.program, layout)
     elif args.winner:
         dispatcher = winner_dispatcher(Path(tmp.name))
     else:
@@ -231,11 +233,14 @@ def main() -> None:
         stored = itertools.cycle([(a, b.t(), c) for a, b, c in operands]).__next__
     else:
         stored = nxt
+    # What a user calls: l2gen.matmul serves B stored K x N only; an N x K weight is served
+    # through the op's linear, the path a patched nn.Linear takes.
+    user, user_fn, user_args = ("torch_ops.linear", torch_ops.linear, stored) if nk else ("l2gen.matmul", l2gen.matmul, nxt)
     if args.no_out:
         calls = {
             "torch.matmul": lambda: torch.matmul(*nxt()[:2]),
             "Dispatcher": lambda: dispatcher(*stored()[:2]),
-            "l2gen.matmul": lambda: l2gen.matmul(*nxt()[:2]),
+            user: lambda: user_fn(*user_args()[:2]),
         }
         if args.served:
             calls["torch_ops.mm"] = lambda: torch_ops.mm(*nxt()[:2])
@@ -243,20 +248,10 @@ def main() -> None:
         calls = {
             "torch.matmul": lambda: torch.matmul(*(t := nxt())[:2], out=t[2]),
             "Dispatcher": lambda: dispatcher(*(t := stored())[:2], out=t[2]),
-            "l2gen.matmul": lambda: l2gen.matmul(*(t := nxt())[:2], out=t[2]),
+            user: lambda: user_fn(*(t := user_args())[:2], out=t[2]),
         }
         if args.served:
             calls["torch_ops.mm"] = lambda: torch_ops.mm(*(t := nxt())[:2], out=t[2])
-    # l2gen.matmul serves B stored K x N only; an N x K weight is served through the op's
-    # linear, the path a patched nn.Linear takes.
-    user = "l2gen.matmul"
-    if nk:
-        del calls["l2gen.matmul"]
-        user = "linear"
-        if args.no_out:
-            calls[user] = lambda: torch_ops.linear(*stored()[:2])
-        else:
-            calls[user] = lambda: torch_ops.linear(*(t := stored())[:2], out=t[2])
     for fn in calls.values():
         fn()
     if args.served:
@@ -277,9 +272,9 @@ def main() -> None:
     added = {}
     for name, values in times.items():
         added[name] = statistics.median(t - b for t, b in zip(values, base))
-        print(f"{name:>14}: {statistics.median(values):6.3f} us per call (+{added[name]:.3f})")
+        print(f"{name:>16}: {statistics.median(values):6.3f} us per call (+{added[name]:.3f})")
     if args.served:
-        print(f"{'torch_ops.linear' if nk else user} on fresh tensors, served on {args.device}: {added[user]:+.3f} us per call "
+        print(f"{user} on fresh tensors, served on {args.device}: {added[user]:+.3f} us per call "
               f"over torch.matmul ({calls_per_round} calls x {args.rounds} rounds)")
 
 

@@ -22,7 +22,7 @@ import sys
 from l2gen.parse import parse
 from l2gen.problem import Shape
 from l2gen.schema import read_results
-from l2gen.search.learned import spearman
+from l2gen.search.learned import LearnedModel, spearman
 from l2gen.search.simulate import model_us
 from l2gen.targets import GPUS
 
@@ -38,11 +38,10 @@ def _rows(paths: list[str]) -> list[tuple[str, Shape, object, float]]:
 
 
 def main(paths: list[str], learned: bool = False) -> int:
-    from l2gen.search.learned import LearnedModel
-
     gpu = GPUS["h200"]
     rows = _rows(paths)
     per_shape, per_shape_learned = [], []
+    models: dict[tuple, LearnedModel] = {}  # one per left-out shape, whichever files hold it
     keys = sorted({(path, (s.m, s.n, s.k)) for path, s, _, _ in rows})
     for path, key in keys:
         mine = [(s, p, t) for f, s, p, t in rows if f == path and (s.m, s.n, s.k) == key]
@@ -54,7 +53,9 @@ def main(paths: list[str], learned: bool = False) -> int:
         per_shape.append(rho)
         line = f"{path.split('/')[-1]:55s} {'x'.join(map(str, key)):>18s} n={len(mine):3d} spearman {rho:+.2f}"
         if learned:
-            model = LearnedModel(gpu).fit((p, s, t) for _, s, p, t in rows if (s.m, s.n, s.k) != key)
+            if key not in models:
+                models[key] = LearnedModel(gpu).fit((p, s, t) for _, s, p, t in rows if (s.m, s.n, s.k) != key)
+            model = models[key]
             lrho = spearman(model.predict_us([p for _, p, _ in mine], shape), times)
             per_shape_learned.append(lrho)
             line += f"  learned {lrho:+.2f}"
