@@ -11,7 +11,8 @@ metrics="gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed
 metrics+=",lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed"
 metrics+=",launch__grid_size,launch__cluster_dim_x,smsp__warps_issue_stalled_no_instruction.sum"
 metrics+=",regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-ncu --clock-control none --cache-control all --metrics "$metrics" -k regex:'gemm_kernel|nvjet|sm90_xmma|cutlass' \
+metrics+=${NCU_METRICS:+,$NCU_METRICS}   # more, comma-separated
+ncu --clock-control none --cache-control all --metrics "$metrics" -k regex:'gemm_kernel|gemv|nvjet|sm90_xmma|cutlass' \
   python3 bench/probe.py "$program" --shape "$shape" --splits "$splits" --once 2>&1 |
   grep -vE '^==PROF==|^ +-{8}|Section:|Metric Name' |
   awk '!/^    [a-z]/ || ($NF != "0" && $NF != "0.00")'   # metric rows that are not zero
