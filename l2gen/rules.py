@@ -47,6 +47,8 @@ from .limits import (
     SM90_TILE_N,
     l2gen_multicast_pieces,
     l2gen_operands,
+    l2gen_persistent,
+    l2gen_persistent_smem_bytes,
     l2gen_smem_bytes,
     sm80_register_estimate,
     sm80_smem_bytes,
@@ -508,6 +510,29 @@ def _l2gen_decomposition(p, gpu):
     d = p.knobs.decomposition
     if d not in L2GEN_DECOMPOSITIONS:
         yield "decomposition", f"'decomposition {d.value}' is not one of l2gen's kernel ({_list(L2GEN_DECOMPOSITIONS)}); it splits K by 'splits'"
+
+
+@rule("l2gen.stream_k", "E-SCHED", L2GEN, ("decomposition", "split_k", "cluster", "stages"),
+      "decomposition stream_k needs split_k atomic and a persistent kernel (no multicast cluster, "
+      "the epilogue's buffers beside the pipeline's within {gpu.smem_per_block} B)",
+      after=(*_L2GEN, "l2gen.smem", "l2gen.cluster"))
+def _l2gen_stream_k(p, gpu):
+    c = p.config
+    if p.knobs.decomposition is not Decomposition.STREAM_K:
+        return
+    if c.split_k is not SplitK.ATOMIC:
+        yield "split_k", f"'decomposition stream_k' sums the tiles CTAs share in the workspace: it needs 'split_k atomic', not '{c.split_k.value}'"
+    elif c.cluster[0] * c.cluster[1] > 1:
+        yield "cluster", "'decomposition stream_k' runs the persistent kernel, which a multicast cluster does not have"
+    elif not l2gen_persistent(c, gpu.smem_per_block):
+        yield "stages", (f"'decomposition stream_k' runs the persistent kernel: {l2gen_persistent_smem_bytes(c)} bytes of shared memory "
+                         f"(the epilogue's buffers beside {c.stages} stages) exceed the {gpu.smem_per_block} a block may use on {gpu.name}")
+
+
+@rule("l2gen.stream_k_splits", "E-SPLITS", L2GEN, ("splits", "decomposition"), "decomposition stream_k takes splits 1")
+def _l2gen_stream_k_splits(p, gpu):
+    if p.knobs.decomposition is Decomposition.STREAM_K and p.knobs.splits != 1:
+        yield "splits", f"splits {p.knobs.splits}: 'decomposition stream_k' divides K by its grid, not by 'splits' (leave it 1)"
 
 
 @rule("sm90.splits", "E-SPLITS", SM90, ("splits", "scheduler"), "splits > 1 needs scheduler stream_k")

@@ -151,8 +151,8 @@ def sanitize(program: Program) -> Program:
     if isinstance(c, Sm90Config):
         if program.knobs.splits != 1 or program.knobs.decomposition is not Decomposition.HEURISTIC:
             return program.with_knobs(splits=1, decomposition=Decomposition.HEURISTIC)
-    elif program.knobs.splits != 1:
-        return program.with_knobs(splits=1)
+    elif program.knobs.splits != 1 or program.knobs.decomposition is Decomposition.STREAM_K:
+        return program.with_knobs(splits=1, decomposition=Decomposition.HEURISTIC)  # stream_k sums in a split's workspace
     return program
 
 

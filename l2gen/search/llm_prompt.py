@@ -152,9 +152,11 @@ Decisions (omitted ones take the default in brackets):
   time) [none]; hints none|stream (B evict-first, A evict-last in L2) [none];
   cluster CM x CN x 1 (neighbouring output tiles load a shared tile of A (along N) or B (along
   M) once and multicast it: less L2-to-SM traffic) [1 x 1 x 1]; decomposition
-  heuristic|data_parallel (a run-time knob: heuristic runs a persistent grid of the CTAs the
-  GPU holds when the tiles times splits outnumber them, each CTA storing one tile while it
-  loads the next; data_parallel one CTA per tile and split, in waves) [heuristic].
+  heuristic|data_parallel|stream_k (a run-time knob: heuristic runs a persistent grid of the
+  CTAs the GPU holds when the tiles times splits outnumber them, each CTA storing one tile
+  while it loads the next; data_parallel one CTA per tile and split, in waves; stream_k, with
+  split_k atomic and splits 1, gives every CTA of that grid an equal run of the tiles' K
+  tiles, so no SM idles through a last partial wave) [heuristic].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
   (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster,
   atomic or ordered, or stream_k) [1].

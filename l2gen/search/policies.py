@@ -28,6 +28,7 @@ from ..ir import (
     Program,
     Scheduler,
     Sm90Config,
+    Sm90L2genConfig,
 )
 from ..parse import parse
 from ..printer import format_program
@@ -141,7 +142,8 @@ def _derived(program: Program, shape: Shape, gpu: Gpu) -> list[float]:
     t = cfg.tile
     tm, tn = math.ceil(shape.m / t.m), math.ceil(shape.n / t.n)
     splits = kn.splits if splits_apply(cfg) else 1
-    streamk = isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K and kn.decomposition is Decomposition.STREAM_K
+    streamk = kn.decomposition is Decomposition.STREAM_K and (
+        (isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K) or isinstance(cfg, Sm90L2genConfig))
     units = tm * tn * splits
     util = 1.0 if streamk else units / (math.ceil(units / gpu.sms) * gpu.sms)
     k_iters = math.ceil(shape.k / splits / t.k)

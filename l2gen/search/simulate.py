@@ -233,6 +233,19 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # (what the per-block timelines measured: bench/results/README.md, "Inside a split").
         t_epi += 1.0 + rows * cols * 4 * 2 / bw_sm
     looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs of a persistent grid
+    if kn.decomposition is Decomposition.STREAM_K:
+        # equal runs of the tiles' K tiles over the persistent grid: no partial last wave; a
+        # tile that two runs meet is summed in the workspace (the atomic chain), one CTA's
+        # epilogues but its last hidden behind its next tile's loads
+        tiles = tiles_m * tiles_n
+        k_all = _ceil(shape.k, t.k)
+        grid = min(gpu.sms * looping, tiles * k_all)
+        per_cta = _ceil(tiles * k_all, grid)
+        meets = min(tiles, grid - 1) / grid  # tiles summed in the workspace, per CTA
+        t_out = t.m * t.n * 2 / bw_sm + 0.1
+        t_sum = 1.0 + rows * cols * 4 * 2 / bw_sm
+        compute = LATENCY_US + per_cta * t_iter + 0.3 * t_out * tiles / grid + 0.7 * t_out + meets * t_sum
+        return compute, 0.5, 0.0
     if kn.decomposition is Decomposition.HEURISTIC and l2gen_persistent(cfg, gpu.smem_per_block) and units > gpu.sms * looping:
         # every epilogue but the last hidden behind the next unit's loads (a guess)
         compute = LATENCY_US + units / (gpu.sms * looping) * (k_iters * t_iter + 0.3 * t_epi) + 0.7 * t_epi

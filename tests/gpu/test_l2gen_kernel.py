@@ -1,8 +1,8 @@
 """l2gen's own sm90a kernel on the GPU: correct for small and odd M with swap-AB on both B
-layouts, correct under every split of K and bitwise deterministic under the cluster and
-ordered ones, one kernel node per call in a CUDA graph (no memset, no second kernel), and,
-with the atomic and ordered splits, the workspace left zeroed across 1,000 calls that
-change shape and split count.
+layouts, correct under every split of K and under stream-K, bitwise deterministic under the
+cluster and ordered splits, one kernel node per call in a CUDA graph (no memset, no second
+kernel), and, with the atomic and ordered splits and stream-K, the workspace left zeroed
+across 1,000 calls that change shape, split count and decomposition.
 
 Each program is lowered, built (cached), loaded in this process and verified against an
 fp64 reference with NaN-poisoned outputs.
@@ -66,8 +66,18 @@ def libs():
     return {name: (programs[name], Library.load(r.library, r.source.entry)) for name, r in zip(programs, results)}
 
 
+def _streams_k(program) -> bool:
+    """Whether the checker lets the program run decomposition stream_k (split_k atomic in a
+    persistent kernel)."""
+    from l2gen.check import is_valid
+    from l2gen.ir import Decomposition
+    from l2gen.targets import GPUS
+
+    return is_valid(program.with_knobs(splits=1, decomposition=Decomposition.STREAM_K), GPUS["h200"])
+
+
 def _split_knobs(program, splits):
-    from l2gen.ir import Knobs, Raster, SplitK
+    from l2gen.ir import Decomposition, Knobs, Raster, SplitK
 
     yield Knobs()
     yield Knobs(raster=Raster.ALONG_M, swizzle=2)
@@ -77,6 +87,9 @@ def _split_knobs(program, splits):
     if program.config.split_k in (SplitK.ATOMIC, SplitK.ORDERED):
         for s in (*splits, 16):
             yield Knobs(splits=s, raster=Raster.ALONG_N, swizzle=1)
+    if _streams_k(program):
+        yield Knobs(decomposition=Decomposition.STREAM_K)
+        yield Knobs(decomposition=Decomposition.STREAM_K, raster=Raster.ALONG_M, swizzle=1)
 
 
 class Workspace:
@@ -208,7 +221,9 @@ def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes
             device.write(b, b_host)
             for splits in (1, 3) if split else (1,):
                 outs = {}
-                for d in (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL):
+                for d in (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL, Decomposition.STREAM_K):
+                    if d is Decomposition.STREAM_K and (splits != 1 or not _streams_k(program)):
+                        continue
                     knobs = Knobs(splits=splits, decomposition=d)
                     buf, nbytes = ws.get(lib, m, n, k, knobs)
                     device.poison(c)
@@ -218,6 +233,7 @@ def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes
                     e = relerr(outs[d], ref)
                     if not e <= 1e-3:
                         bad.append(f"{m}x{n}x{k} splits {splits} {d.value}: relerr {e}")
+                outs.pop(Decomposition.STREAM_K, None)  # partial sums in arrival order
                 deterministic = splits == 1 or program.config.split_k is SplitK.ORDERED
                 if deterministic and not np.array_equal(*(o.view(np.uint16) for o in outs.values())):
                     bad.append(f"{m}x{n}x{k} splits {splits}: the persistent grid's bits differ from the waves'")
@@ -228,21 +244,23 @@ def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes
 def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
     from cuda.bindings import runtime as cudart
 
-    from l2gen.ir import Knobs
+    from l2gen.ir import Decomposition, Knobs
     from l2gen.runtime import DeviceBuffer, Stream, call
 
-    for name in ("swap_kn", "kn_128", "kn_128_atomic", "swap_kn_ordered"):
+    stream_k = Knobs(decomposition=Decomposition.STREAM_K)
+    for name, knobs in (("swap_kn", Knobs(splits=4)), ("kn_128", Knobs(splits=4)), ("kn_128_atomic", Knobs(splits=4)),
+                        ("swap_kn_ordered", Knobs(splits=4)), ("kn_128_atomic", stream_k), ("swap_nk_bk256", stream_k)):
         program, lib = libs[name]
         m, n, k = 64, 1024, 4096
         ldb = n if program.b_layout.value == "kn" else k
         buffers = [DeviceBuffer(2 * x) for x in (m * k, n * k, m * n)]
         ws = Workspace()
-        buf, nbytes = ws.get(lib, m, n, k, Knobs(splits=4))
+        buf, nbytes = ws.get(lib, m, n, k, knobs)
         with Stream() as stream:
-            lib.launch(*buffers, m, n, k, k, ldb, n, Knobs(splits=4), buf, nbytes, stream)  # set-up outside
+            lib.launch(*buffers, m, n, k, k, ldb, n, knobs, buf, nbytes, stream)  # set-up outside
             stream.synchronize()
             call("cudaStreamBeginCapture", stream.handle, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal)
-            lib.launch(*buffers, m, n, k, k, ldb, n, Knobs(splits=4), buf, nbytes, stream)
+            lib.launch(*buffers, m, n, k, k, ldb, n, knobs, buf, nbytes, stream)
             graph = call("cudaStreamEndCapture", stream.handle)
             err, _, count = cudart.cudaGraphGetNodes(graph, 0)
             assert int(err) == 0
@@ -256,7 +274,7 @@ def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
 
 
 def test_a_thousand_calls_changing_shape_and_splits(libs):
-    from l2gen.ir import Knobs
+    from l2gen.ir import Decomposition, Knobs
     from l2gen.runtime import Stream
     from l2gen.verify import CudaDevice, make_inputs, reference, relerr
 
@@ -273,9 +291,11 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
     bad = []
     ws = Workspace()
     rotation = ("swap_kn", "swap_kn_atomic", "swap_kn_ordered")
+    stream_k = Knobs(decomposition=Decomposition.STREAM_K)
     for (m, n, k) in shapes:  # one workspace, sized for the largest call
         for name in rotation[1:]:
             ws.get(libs[name][1], m, n, k, Knobs(splits=16))
+        ws.get(libs["swap_kn_atomic"][1], m, n, k, stream_k)
     with Stream() as stream:
         for i in range(1000):
             name = rng.choice(rotation)
@@ -286,6 +306,8 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
             a, b, c, ref = data[(m, n, k)]
             device.poison(c)
             knobs = Knobs(splits=splits)
+            if name == "swap_kn_atomic" and rng.random() < 0.4:
+                knobs, splits = stream_k, "stream_k"
             nbytes = lib.workspace_size(m, n, k, knobs)
             lib.launch(a, b, c, m, n, k, k, n, n, knobs, ws.buffer if nbytes else None, nbytes, stream)
             stream.synchronize()
@@ -321,6 +343,15 @@ def test_bad_knobs_are_error_codes(libs):
     with pytest.raises(LaunchError, match="L2GEN_ERR_WORKSPACE"):  # too small
         atomic.launch(*buffers, m, n, k, k, n, n, Knobs(splits=2), small, need - 16, None)
     small.free()
+    stream_k = Knobs(decomposition=Decomposition.STREAM_K)
+    assert atomic.workspace_size(m, n, k, stream_k) > 0
+    with pytest.raises(LaunchError, match="L2GEN_ERR_WORKSPACE"):  # stream-K sums in the workspace too
+        atomic.launch(*buffers, m, n, k, k, n, n, stream_k, None, 0, None)
+    with pytest.raises(LaunchError, match="L2GEN_ERR_KNOB"):  # the checker's l2gen.stream_k_splits
+        atomic.launch(*buffers, m, n, k, k, n, n, Knobs(splits=2, decomposition=Decomposition.STREAM_K), None, 0, None)
+    _, multicast = libs["mc_kn_2x2"]  # no persistent kernel: the checker's l2gen.stream_k
+    with pytest.raises(LaunchError, match="L2GEN_ERR_KNOB"):
+        multicast.launch(*buffers, m, n, k, k, n, n, stream_k, None, 0, None)
     _, ordered = libs["nk_128_ordered"]  # 17 slots: over what the last CTA reads
     m2, k2 = 128, 64 * 17
     big = [DeviceBuffer(2 * x) for x in (m2 * k2, k2 * n, m2 * n)]

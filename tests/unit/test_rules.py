@@ -65,6 +65,8 @@ BREAKS = {
     "l2gen.cluster_splits": (l2("tile 64 x 128 x 64 split_k cluster splits 9"), H),
     "l2gen.ordered_splits": (l2("tile 64 x 128 x 64 split_k ordered splits 17"), H),
     "l2gen.decomposition": (l2("tile 64 x 128 x 64 decomposition split_k"), H),
+    "l2gen.stream_k": (l2("tile 64 x 128 x 64 decomposition stream_k"), H),
+    "l2gen.stream_k_splits": (l2("tile 64 x 128 x 64 split_k atomic splits 2 decomposition stream_k"), H),
     "knobs.swizzle": (sm80("tile 128 x 128 x 32 swizzle 5"), H),
     "knobs.splits": (sm80("tile 128 x 128 x 32 split_k parallel splits 100"), H),
 }
