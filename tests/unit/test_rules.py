@@ -59,7 +59,7 @@ BREAKS = {
     "l2gen.cluster_size": (l2("tile 128 x 128 x 64 cluster 4 x 4 x 1"), H),
     "l2gen.cluster_split_k": (l2("tile 128 x 128 x 64 split_k cluster cluster 2 x 1 x 1"), H),
     "l2gen.multicast_pieces": (l2("tile 16 x 128 x 64 swap_ab on cluster 1 x 4 x 1"), H),
-    "l2gen.stages": (l2("tile 64 x 128 x 64 stages 9"), H),
+    "l2gen.stages": (l2("tile 64 x 128 x 64 stages 17"), H),
     "l2gen.smem": (l2("tile 128 x 256 x 128 stages 8"), H),
     "l2gen.splits": (l2("tile 64 x 128 x 64 splits 2"), H),
     "l2gen.cluster_splits": (l2("tile 64 x 128 x 64 split_k cluster splits 9"), H),
