@@ -77,7 +77,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("bn", (16, 32, 64, 128, 192, 256)),
         Slot("bk", limits.L2GEN_TILE_K),
         Slot("swap_ab", (False, True)),
-        Slot("stages", (3, 4, 5, 6, 8, 12, 16)),
+        Slot("stages", (3, 4, 5, 6, 8)),
         Slot("split_k", (SplitK.NONE, SplitK.CLUSTER, SplitK.ATOMIC, SplitK.ORDERED)),
         Slot("hints", tuple(Hints)),
         Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (8, 1), (1, 8))),
