@@ -6,7 +6,7 @@ chunk). Their N and K follow from a few sizes of the model's ``transformers`` co
 (:class:`ModelDims`), read here from a ``config.json`` without importing
 ``transformers``, or from a built-in name (:data:`BUILTIN`, the published dimensions).
 A model that is not Llama-style is traced instead (:mod:`l2gen.model_trace`): one
-forward pass with hooks on its Linear layers. :func:`l2gen.cli_model.resolve_model` takes
+forward pass with hooks on its Linear layers. :func:`l2gen.cli.model.resolve_model` takes
 either, as the ``l2gen shapes`` and ``l2gen tune --shapes-from`` commands do.
 
 The layers are named as the models name their modules, fused as vLLM runs them
@@ -72,7 +72,7 @@ class ModelShape:
         return Shape(self.m, self.n, self.k)
 
     def to_dict(self, model: str) -> dict:
-        """The shape as a suite entry (what :func:`l2gen.cli_run.load_suite` reads)."""
+        """The shape as a suite entry (what :func:`l2gen.cli.run.load_suite` reads)."""
         return {"m": self.m, "n": self.n, "k": self.k, "b": self.b, "model": model, "tokens": self.tokens,
                 "layers": list(self.layers), "count": self.count}
 

@@ -337,7 +337,7 @@ def test_tune_and_db_refuse_a_database_of_another_protocol(tmp_path, capsys):
 
 
 def test_the_shipped_suites_load():
-    from l2gen.cli_run import load_suite, suite_layout
+    from l2gen.cli.run import load_suite, suite_layout
 
     root = Path(__file__).resolve().parents[2] / "suites"
     llm = load_suite(str(root / "llm.json"))

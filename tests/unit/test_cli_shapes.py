@@ -9,7 +9,7 @@ import json
 import pytest
 
 from l2gen.cli import main
-from l2gen.cli_run import load_suite, suite_layout
+from l2gen.cli.run import load_suite, suite_layout
 from l2gen.db import KernelDB
 from l2gen.problem import Shape
 from l2gen.targets import GPUS

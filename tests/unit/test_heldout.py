@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from l2gen.cli_run import load_suite, suite_layout
+from l2gen.cli.run import load_suite, suite_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = {layout: ROOT / "suites" / f"heldout-{layout}.json" for layout in ("nk", "kn")}

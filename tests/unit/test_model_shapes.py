@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from l2gen.diagnostics import DiagnosticError
-from l2gen.cli_model import resolve_model
+from l2gen.cli.model import resolve_model
 from l2gen.model_shapes import BUILTIN, ModelShape, config_shapes, dims_from_config, load_config, parse_tokens
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,20 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli_common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
-from .cli_model import add_model_options
-from .protocol import DEFAULT_L2, L2_PROTOCOLS
-from .timing import DEFAULT_ROUNDS, MIN_REPS
-from .validate import at_least, fraction, output_file, write_atomic
+from .common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
+from .model import add_model_options
+from ..protocol import DEFAULT_L2, L2_PROTOCOLS
+from ..timing import DEFAULT_ROUNDS, MIN_REPS
+from ..validate import at_least, fraction, output_file, write_atomic
 
 
 def _learn_library_ranking(args, policy) -> None:
     """Rank the library's settings by a model learned from measurements where there are
     enough: this run's database and the one shipped for the GPU (same protocol and layout)."""
-    from .db import DatabaseError, KernelDB
-    from .dispatch import default_db_path
-    from .ir import BLayout
-    from .search.learned import MIN_ROWS, LearnedModel
+    from ..db import DatabaseError, KernelDB
+    from ..dispatch import default_db_path
+    from ..ir import BLayout
+    from ..search.learned import MIN_ROWS, LearnedModel
 
     paths = [Path(args.db)]
     shipped = default_db_path(args.gpu)
@@ -43,14 +43,14 @@ def _learn_library_ranking(args, policy) -> None:
 
 
 def _policy(args):
-    from .ir import BLayout
-    from .search.policies import EmbeddedPolicy, RandomPolicy
+    from ..ir import BLayout
+    from ..search.policies import EmbeddedPolicy, RandomPolicy
 
     layout = BLayout(args.b_layout)
     if args.policy == "random":
         return RandomPolicy(args.gpu, seed=args.seed, b_layout=layout)
     if args.policy == "embedded":
-        from .search.policies import shipped_policy
+        from ..search.policies import shipped_policy
 
         state = args.policy_state if args.policy_state and Path(args.policy_state).exists() else None
         if state is None and not args.fresh_policy:
@@ -63,7 +63,7 @@ def _policy(args):
             except (OSError, ValueError) as exc:
                 raise fail("E-POLICY", f"{state}: {exc}") from None
         return EmbeddedPolicy(args.gpu, seed=args.seed, b_layout=layout)
-    from .search.llm import LLMConfig, LLMConfigError, LLMPolicy
+    from ..search.llm import LLMConfig, LLMConfigError, LLMPolicy
 
     try:
         config = LLMConfig.from_env(base_url=args.llm_base_url, model=args.llm_model, mode=args.llm_mode)
@@ -74,14 +74,14 @@ def _policy(args):
 
 def _evaluator(args):
     if args.simulate:
-        from .search.simulate import SimulatedEvaluator
+        from ..search.simulate import SimulatedEvaluator
 
         return SimulatedEvaluator(args.gpu, l2=args.l2)
-    from .baselines import ShimError, build_shim
-    from .probes import ProbeError, build_probes
-    from .runtime import device_count
-    from .search.evaluate import DeviceEvaluator, worker_runner
-    from .worker import Worker
+    from ..baselines import ShimError, build_shim
+    from ..probes import ProbeError, build_probes
+    from ..runtime import device_count
+    from ..search.evaluate import DeviceEvaluator, worker_runner
+    from ..worker import Worker
 
     if device_count() == 0:
         raise fail("E-GPU", "no CUDA GPU found; use --simulate to run the search against the analytic model")
@@ -100,10 +100,10 @@ def _evaluator(args):
 
 
 def cmd_tune(args, shapes_of, layout_of) -> int:
-    from .console import reporter, show
-    from .db import DEFAULT_DB, SIMULATED_DB, DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
-    from .problem import unserved
-    from .search.loop import TuneError, tune
+    from ..console import reporter, show
+    from ..db import DEFAULT_DB, SIMULATED_DB, DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
+    from ..problem import unserved
+    from ..search.loop import TuneError, tune
 
     args.b_layout = layout_of(args)
     shapes = shapes_of(args)
@@ -118,9 +118,9 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
             output_file(path, option)
     policy = _policy(args)  # a policy that cannot be made (an LLM not configured) before any file is touched
     if args.library is not None:  # the library's knob settings first: launches of libraries already built
-        from .ir import BLayout
-        from .search.library import load
-        from .search.library_first import LibraryFirst
+        from ..ir import BLayout
+        from ..search.library import load
+        from ..search.library_first import LibraryFirst
 
         programs = load(args.gpu, args.library or None)  # a bad file: its diagnostics, exit 1
         policy = LibraryFirst(policy, programs, args.gpu, budget=args.budget, share=args.library_share,
@@ -180,7 +180,7 @@ def _write(path: str, option: str, text) -> bool:
 
 
 def cmd_db(args) -> int:
-    from .db import DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
+    from ..db import DatabaseError, EvidenceMismatchError, KernelDB, ProtocolMismatchError
 
     if args.action == "export":
         output_file(args.file, "export")
@@ -198,7 +198,7 @@ def cmd_db(args) -> int:
 
 def _db_action(args, db) -> None:
     """What ``l2gen db ACTION`` does to an open database."""
-    from .printer import format_program
+    from ..printer import format_program
 
     if args.action == "show":
         best = db.best_all(args.gpu)
@@ -219,8 +219,8 @@ def _db_action(args, db) -> None:
 
 
 def cmd_curves(args) -> int:
-    from .curves import compare_runs, curves_from_db, format_comparison, label_of, plot_comparison
-    from .db import DatabaseError, KernelDB
+    from ..curves import compare_runs, curves_from_db, format_comparison, label_of, plot_comparison
+    from ..db import DatabaseError, KernelDB
 
     for option, path in (("-o", args.out), ("--plot", args.plot)):
         if path:
@@ -249,7 +249,7 @@ def cmd_curves(args) -> int:
 
 def add_commands(sub, shapes_of, layout_of) -> None:
     """Register tune, curves and db; ``shapes_of(args)`` gives a tune's shapes and
-    ``layout_of(args)`` their B layout (:mod:`l2gen.cli_run` reads the suites)."""
+    ``layout_of(args)`` their B layout (:mod:`l2gen.cli.run` reads the suites)."""
     p = sub.add_parser("tune", help="search for the fastest programs per shape (RL over the DSL)")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file")

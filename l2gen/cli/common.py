@@ -1,12 +1,13 @@
 """What every ``l2gen`` command module shares: exit codes, error constructors, stderr, and
-reading a kernel database's best programs. Below :mod:`l2gen.cli`, :mod:`l2gen.cli_run`
-and :mod:`l2gen.cli_tune`, so that none of them imports another to reach these."""
+reading a kernel database's best programs. Below the package's command modules
+(:mod:`l2gen.cli`, :mod:`l2gen.cli.run`, :mod:`l2gen.cli.tune`, :mod:`l2gen.cli.model`), so
+that none of them imports another to reach these."""
 
 from __future__ import annotations
 
 import sys
 
-from .diagnostics import Diagnostic, DiagnosticError, UsageError
+from ..diagnostics import Diagnostic, DiagnosticError, UsageError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -29,7 +30,7 @@ def recorded_best(args, l2: str | None = None) -> dict:
     """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``, among the
     measurements made under the L2 protocol ``l2`` (None: the database's own); a database
     measured under another protocol is refused (exit 2)."""
-    from .db import DatabaseError, KernelDB, ProtocolMismatchError
+    from ..db import DatabaseError, KernelDB, ProtocolMismatchError
 
     try:
         with KernelDB(args.db, readonly=True) as db:

@@ -8,15 +8,15 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from .cli_common import EXIT_OK, eprint, fail, usage
-from .validate import at_least, output_file, write_atomic
+from .common import EXIT_OK, eprint, fail, usage
+from ..validate import at_least, output_file, write_atomic
 
 MODEL_HELP = ("a transformers config.json (or its directory), a built-in name ({builtin}), or pkg.module:factory "
               "(a callable returning an nn.Module, traced once per token count)")
 
 
 def _tokens(text: str) -> list[int]:
-    from .model_shapes import parse_tokens
+    from ..model_shapes import parse_tokens
 
     try:
         return parse_tokens(text)
@@ -43,14 +43,14 @@ def resolve_model(spec: str, tokens: Sequence[int], *, tp: int = 1, fused: bool 
     (:data:`l2gen.model_shapes.BUILTIN`), or ``pkg.module:factory`` (a callable returning
     an ``nn.Module``, traced on ``device``: :mod:`l2gen.model_trace`). Raises
     DiagnosticError (E-CONFIG, E-TP, E-MODEL) with the location of the fault."""
-    from .model_shapes import BUILTIN, config_shapes, model_dims, model_label
+    from ..model_shapes import BUILTIN, config_shapes, model_dims, model_label
 
     if not tokens:
         raise fail("E-MODEL", "no token counts to list shapes at")
     if ":" in spec and not Path(spec).exists() and spec.lower() not in BUILTIN:
         if tp != 1:
             raise fail("E-TP", "a traced model is one rank's model already: --tp applies to configs and built-in names")
-        from .model_trace import trace_import
+        from ..model_trace import trace_import
 
         return spec, trace_import(spec, tokens, device=device)
     dims = model_dims(spec, traced_too=True)
@@ -66,7 +66,7 @@ def model_shapes_of(args, model: str):
 def shapes_from_args(args) -> list:
     """``tune --shapes-from MODEL``'s shapes (l2gen's Shape), those no program serves
     left out with a line on stderr (torch computes them)."""
-    from .model_shapes import unserved_note
+    from ..model_shapes import unserved_note
 
     if not args.tokens:
         raise usage("E-USAGE", "--shapes-from needs --tokens (e.g. --tokens 1,16,64,256,2048)")
@@ -83,8 +83,8 @@ def shapes_from_args(args) -> list:
 
 
 def cmd_shapes(args) -> int:
-    from .console import Columns, show
-    from .model_shapes import suite_json, unserved_note
+    from ..console import Columns, show
+    from ..model_shapes import suite_json, unserved_note
 
     if args.out:
         output_file(args.out, "-o")
@@ -106,7 +106,7 @@ def cmd_shapes(args) -> int:
 
 def add_commands(sub) -> None:
     """Register ``shapes``."""
-    from .model_shapes import BUILTIN
+    from ..model_shapes import BUILTIN
 
     p = sub.add_parser("shapes", help="list the GEMM shapes of a model's Linear layers at given token counts")
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP.format(builtin=", ".join(BUILTIN)))

@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli_common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best, usage
-from .diagnostics import Diagnostic, DiagnosticError
-from .ir import Span
-from .protocol import DEFAULT_GRAPH_CALLS, DEFAULT_L2, DEFAULT_QPS, L2_PROTOCOLS, MODES
-from .timing import DEFAULT_ROUNDS, MIN_REPS
-from .validate import at_least, dimension, output_file, positive_float, write_atomic
+from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best, usage
+from ..diagnostics import Diagnostic, DiagnosticError
+from ..ir import Span
+from ..protocol import DEFAULT_GRAPH_CALLS, DEFAULT_L2, DEFAULT_QPS, L2_PROTOCOLS, MODES
+from ..timing import DEFAULT_ROUNDS, MIN_REPS
+from ..validate import at_least, dimension, output_file, positive_float, write_atomic
 
 
 def load_suite(path: str) -> list:
     """Shapes from a suite file: ``{"shapes": [{"m":.., "n":.., "k":..}, ...]}``."""
-    from .problem import Shape
+    from ..problem import Shape
 
     where = Span(path)
     try:
@@ -94,7 +94,7 @@ def _tune_layout(args) -> str:
 def _protocol(args):
     """The bench's timing protocol from --mode, --l2, --qps, --graph-calls, --seed (exit 2
     if they do not make one)."""
-    from .protocol import Protocol, ProtocolError
+    from ..protocol import Protocol, ProtocolError
 
     try:
         return Protocol(args.mode, args.l2, args.qps, args.graph_calls, args.seed)
@@ -103,7 +103,7 @@ def _protocol(args):
 
 
 def _shapes(args) -> list:
-    from .problem import Shape
+    from ..problem import Shape
 
     shapes = []
     for text in args.shape or ():
@@ -114,7 +114,7 @@ def _shapes(args) -> list:
     if args.suite:
         shapes += load_suite(args.suite)
     if getattr(args, "shapes_from", None):
-        from .cli_model import shapes_from_args
+        from .model import shapes_from_args
 
         shapes += shapes_from_args(args)
     elif getattr(args, "tokens", None):
@@ -128,9 +128,9 @@ SAMPLE_MAX = 100_000  # programs one sample run compiles at most
 
 
 def cmd_sample(args) -> int:
-    from .console import reporter
-    from .sample import compile_sample, write_report
-    from .toolchain import ToolchainError, detect_toolchain
+    from ..console import reporter
+    from ..sample import compile_sample, write_report
+    from ..toolchain import ToolchainError, detect_toolchain
 
     try:  # every program of the sample needs the compiler: find it before the first
         detect_toolchain()
@@ -168,12 +168,12 @@ def cmd_sample(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench
-    from .console import reporter, show
-    from .report import table_blocks
-    from .parse import parse_file
-    from .probes import ProbeError
-    from .runtime import device_count
+    from ..bench import bench
+    from ..console import reporter, show
+    from ..report import table_blocks
+    from ..parse import parse_file
+    from ..probes import ProbeError
+    from ..runtime import device_count
 
     protocol = _protocol(args)
     b_layout = _layout(args)
@@ -226,7 +226,7 @@ def _db_programs(args) -> tuple[list, dict]:
     and for each shape the names of its programs."""
     from dataclasses import replace
 
-    from .db import DatabaseError, KernelDB
+    from ..db import DatabaseError, KernelDB
 
     if args.top > 1:
         try:
@@ -260,8 +260,8 @@ def _db_programs(args) -> tuple[list, dict]:
 
 
 def cmd_bench_dispatch(args) -> int:
-    from .dispatch_bench import bench_dispatch, format_table, write
-    from .probes import ProbeError
+    from ..dispatch_bench import bench_dispatch, format_table, write
+    from ..probes import ProbeError
 
     try:
         import torch
@@ -285,11 +285,11 @@ def cmd_bench_dispatch(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare_db, compare_results
-    from .console import show
-    from .protocol import Protocol, ProtocolError, ProtocolMismatch
+    from ..compare import compare_db, compare_results
+    from ..console import show
+    from ..protocol import Protocol, ProtocolError, ProtocolMismatch
 
-    from .schema import read_results
+    from ..schema import read_results
 
     if args.out:
         output_file(args.out, "-o")
@@ -396,6 +396,6 @@ def add_commands(sub) -> None:
     p.add_argument("-o", "--out", help="write the results as JSON here")
     p.set_defaults(func=cmd_bench_dispatch)
 
-    from .cli_tune import add_commands as add_tune_commands
+    from .tune import add_commands as add_tune_commands
 
     add_tune_commands(sub, _shapes, _tune_layout)

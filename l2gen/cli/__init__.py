@@ -10,16 +10,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli_common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best
-from .diagnostics import DiagnosticError, UsageError
-from .ir import Program
-from .targets import DEFAULT_GPU, GPUS, Gpu, get_gpu
-from .validate import at_least, output_dir, positive_float, write_atomic
+from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best
+from ..diagnostics import DiagnosticError, UsageError
+from ..ir import Program
+from ..targets import DEFAULT_GPU, GPUS, Gpu, get_gpu
+from ..validate import at_least, output_dir, positive_float, write_atomic
 
 def _load(paths: list[str], gpu: Gpu, *, check_too: bool = True) -> tuple[list[tuple[str, Program]], bool]:
     """Parse (and check) files; print diagnostics; return the good programs and an ok flag."""
-    from .check import check
-    from .parse import parse_file
+    from ..check import check
+    from ..parse import parse_file
 
     programs, ok = [], True
     for path in paths:
@@ -50,7 +50,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_fmt(args) -> int:
-    from .printer import format_program
+    from ..printer import format_program
 
     programs, ok = _load(args.files, args.gpu, check_too=False)
     for path, program in programs:
@@ -99,8 +99,8 @@ def _leading_comment(text: str) -> str:
 
 
 def cmd_compile(args) -> int:
-    from .build import nvcc_command
-    from .lower import lower
+    from ..build import nvcc_command
+    from ..lower import lower
 
     out = output_dir(args.output, "-o")
     programs, ok = _load(args.files, args.gpu)
@@ -124,13 +124,13 @@ def cmd_compile(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from .check import check
-    from .console import reporter
-    from .runner import Builder
+    from ..check import check
+    from ..console import reporter
+    from ..runner import Builder
 
     programs, ok = _load(args.files, args.gpu)
     if args.library is not None:  # the kernel library: every configuration, built once
-        from .search.library import library_dir, load
+        from ..search.library import library_dir, load
 
         folder = Path(args.library) if args.library else library_dir(args.gpu)
         programs += [(f"{folder}/{p.name}", p) for p in load(args.gpu, folder)]
@@ -221,10 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_late_commands(sub) -> None:
     """bench, tune, db and shapes live in their own modules; import them only when used."""
-    from . import cli_model, cli_run
+    from . import model, run
 
-    cli_run.add_commands(sub)
-    cli_model.add_commands(sub)
+    run.add_commands(sub)
+    model.add_commands(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +251,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())
