@@ -1,0 +1,169 @@
+"""Train the embedded policy from measured rewards: every verified row of the given bench
+results files (each row a program timed on a shape against cuBLAS-best in the same run)
+is replayed through :meth:`EmbeddedPolicy.update`, shape by shape, for a few epochs, and
+the state is saved where ``l2gen tune --policy embedded`` starts from.
+
+    python bench/train_policy.py bench/results/2026-12-04-h200-decode-run1-0e0ce6a.json ... \\
+        --start l2gen/data/policy_h200.json -o l2gen/data/policy_h200.json [--evaluate]
+
+The rows are logged, not drawn by the policy: each update is a reward-weighted step
+toward the programs that beat the shape's mean and away from the rest (REINFORCE's step
+on someone else's samples), so the policy learns which decisions win on which shape
+features without a GPU in the loop. Rows of the held-out suites (suites/heldout-*.json)
+are refused: no training sees them.
+
+``--evaluate`` first reports, leaving each shape out in turn, how the policy trained on
+the others ranks that shape's measured programs (Spearman of log-probability against
+measured speedup), beside the untrained start: what the training transfers to a shape
+it has not seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from l2gen.parse import parse  # noqa: E402
+from l2gen.problem import Measurement, Shape  # noqa: E402
+from l2gen.schema import read_results  # noqa: E402
+from l2gen.search.base import Proposal  # noqa: E402
+from l2gen.search.policies import EmbeddedPolicy, _encode, _active  # noqa: E402
+from l2gen.space import choices_of  # noqa: E402
+from l2gen.targets import GPUS  # noqa: E402
+
+
+def heldout_shapes() -> set[tuple[int, int, int]]:
+    out = set()
+    for path in sorted((ROOT / "suites").glob("heldout-*.json")):
+        for e in json.loads(path.read_text())["shapes"]:
+            out.add((e["m"], e["n"], e["k"]))
+    return out
+
+
+def load_rows(paths: list[str], gpu) -> dict[Shape, list[Measurement]]:
+    """Verified measurements per shape, from bench results files timed under a clean L2
+    (one row per program and shape of each file; a program measured in several files
+    counts once per file, as a shape re-measured is more evidence)."""
+    held = heldout_shapes()
+    by_shape: dict[Shape, list[Measurement]] = {}
+    parsed: dict[str, object] = {}
+    for path in paths:
+        doc = read_results(path)
+        if doc.get("l2", "dirty") != "clean":
+            raise SystemExit(f"{path}: timed under a {doc.get('l2', 'dirty')} L2; train on clean-L2 results only")
+        for row in doc["rows"]:
+            if row.get("status") != "ok" or not row.get("l2gen_us") or not row.get("cublas_best_us"):
+                continue
+            if (row["m"], row["n"], row["k"]) in held:
+                raise SystemExit(f"{path}: {row['m']}x{row['n']}x{row['k']} is a held-out shape: no training may see it")
+            text = row["program_text"]
+            if text not in parsed:
+                parsed[text] = parse(text, path)
+            shape = Shape(row["m"], row["n"], row["k"])
+            by_shape.setdefault(shape, []).append(
+                Measurement(shape, parsed[text], "ok", row["l2gen_us"], row["cublas_best_us"], l2="clean"))
+    return by_shape
+
+
+def train(policy: EmbeddedPolicy, data: dict[Shape, list[Measurement]], epochs: int, seed: int) -> EmbeddedPolicy:
+    rng = random.Random(seed)
+    shapes = sorted(data, key=str)
+    for _ in range(epochs):
+        rng.shuffle(shapes)
+        for shape in shapes:
+            rows = data[shape]
+            policy.update(shape, [(Proposal(m.program, meta={"kind": "sample"}), m) for m in rows])
+    return policy
+
+
+def log_prob(policy: EmbeddedPolicy, probs: dict, program) -> float:
+    """log P(program) under the factorized policy: its family, then each active slot."""
+    fam = program.family.value
+    lp = math.log(max(probs["family"].get(fam, 0.0), 1e-12))
+    choices = choices_of(program)
+    for name in _active(program):
+        p = probs[fam].get(name, {}).get(_encode(choices[name]))
+        if p is not None:
+            lp += math.log(max(p, 1e-12))
+    return lp
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for pos, i in enumerate(order):
+            r[i] = float(pos)
+        return np.array(r)
+
+    if len(x) < 3:
+        return float("nan")
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def evaluate(start, data, gpu, epochs: int, seed: int) -> list[tuple[str, float, float]]:
+    """Leave one shape out: (shape, Spearman of the untrained start, of the trained)."""
+    out = []
+    for shape in sorted(data, key=str):
+        rest = {s: rows for s, rows in data.items() if s != shape}
+        trained = train(start(), rest, epochs, seed)
+        rows = data[shape]
+        speedups = [m.speedup for m in rows]
+        before = start().probabilities(shape)
+        after = trained.probabilities(shape)
+        out.append((str(shape),
+                    spearman([log_prob(None, before, m.program) for m in rows], speedups),
+                    spearman([log_prob(None, after, m.program) for m in rows], speedups)))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", help="l2gen bench results files (clean L2)")
+    ap.add_argument("--gpu", default="h200")
+    ap.add_argument("--start", help="a saved policy state to start from (default: untrained)")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--evaluate", action="store_true", help="leave-one-shape-out ranking before training")
+    ap.add_argument("-o", "--output", help="where to save the trained state")
+    args = ap.parse_args()
+    gpu = GPUS[args.gpu]
+    data = load_rows(args.results, gpu)
+    n_rows = sum(len(v) for v in data.values())
+    print(f"{n_rows} verified rows on {len(data)} shapes from {len(args.results)} files")
+
+    def start() -> EmbeddedPolicy:
+        if args.start:
+            return EmbeddedPolicy.load(args.start, gpu=gpu, seed=args.seed, cost_model=False)
+        return EmbeddedPolicy(gpu, seed=args.seed, cost_model=False)
+
+    if args.evaluate:
+        rows = evaluate(start, data, gpu, args.epochs, args.seed)
+        print(f"{'shape':>16}  {'start':>6}  {'trained':>7}   (Spearman: log-probability against measured speedup, shape left out)")
+        for name, before, after in rows:
+            print(f"{name:>16}  {before:6.2f}  {after:7.2f}")
+        finite = [(b, a) for _, b, a in rows if not (math.isnan(a) or math.isnan(b))]
+        if finite:
+            print(f"median over {len(finite)} shapes: start {np.median([b for b, _ in finite]):.2f}, "
+                  f"trained {np.median([a for _, a in finite]):.2f}")
+    policy = train(start(), data, args.epochs, args.seed)
+    if args.output:
+        policy.save(args.output)
+        print(f"saved {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
