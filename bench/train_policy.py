@@ -36,8 +36,7 @@ from l2gen.parse import parse  # noqa: E402
 from l2gen.problem import Measurement, Shape  # noqa: E402
 from l2gen.schema import read_results  # noqa: E402
 from l2gen.search.base import Proposal  # noqa: E402
-from l2gen.search.policies import EmbeddedPolicy, _encode, _active  # noqa: E402
-from l2gen.space import choices_of  # noqa: E402
+from l2gen.search.policies import EmbeddedPolicy  # noqa: E402
 from l2gen.targets import GPUS  # noqa: E402
 
 
@@ -49,7 +48,7 @@ def heldout_shapes() -> set[tuple[int, int, int]]:
     return out
 
 
-def load_rows(paths: list[str], gpu) -> dict[Shape, list[Measurement]]:
+def load_rows(paths: list[str]) -> dict[Shape, list[Measurement]]:
     """Verified measurements per shape, from bench results files timed under a clean L2
     (one row per program and shape of each file; a program measured in several files
     counts once per file, as a shape re-measured is more evidence)."""
@@ -85,18 +84,6 @@ def train(policy: EmbeddedPolicy, data: dict[Shape, list[Measurement]], epochs: 
     return policy
 
 
-def log_prob(policy: EmbeddedPolicy, probs: dict, program) -> float:
-    """log P(program) under the factorized policy: its family, then each active slot."""
-    fam = program.family.value
-    lp = math.log(max(probs["family"].get(fam, 0.0), 1e-12))
-    choices = choices_of(program)
-    for name in _active(program):
-        p = probs[fam].get(name, {}).get(_encode(choices[name]))
-        if p is not None:
-            lp += math.log(max(p, 1e-12))
-    return lp
-
-
 def spearman(x: list[float], y: list[float]) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=lambda i: v[i])
@@ -113,7 +100,7 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def evaluate(start, data, gpu, epochs: int, seed: int) -> list[tuple[str, float, float]]:
+def evaluate(start, data, epochs: int, seed: int) -> list[tuple[str, float, float]]:
     """Leave one shape out: (shape, Spearman of the untrained start, of the trained)."""
     out = []
     for shape in sorted(data, key=str):
@@ -121,11 +108,10 @@ def evaluate(start, data, gpu, epochs: int, seed: int) -> list[tuple[str, float,
         trained = train(start(), rest, epochs, seed)
         rows = data[shape]
         speedups = [m.speedup for m in rows]
-        before = start().probabilities(shape)
-        after = trained.probabilities(shape)
+        untrained = start()
         out.append((str(shape),
-                    spearman([log_prob(None, before, m.program) for m in rows], speedups),
-                    spearman([log_prob(None, after, m.program) for m in rows], speedups)))
+                    spearman([untrained.log_probability(m.program, shape) for m in rows], speedups),
+                    spearman([trained.log_probability(m.program, shape) for m in rows], speedups)))
     return out
 
 
@@ -140,7 +126,7 @@ def main() -> int:
     ap.add_argument("-o", "--output", help="where to save the trained state")
     args = ap.parse_args()
     gpu = GPUS[args.gpu]
-    data = load_rows(args.results, gpu)
+    data = load_rows(args.results)
     n_rows = sum(len(v) for v in data.values())
     print(f"{n_rows} verified rows on {len(data)} shapes from {len(args.results)} files")
 
@@ -150,7 +136,7 @@ def main() -> int:
         return EmbeddedPolicy(gpu, seed=args.seed, cost_model=False)
 
     if args.evaluate:
-        rows = evaluate(start, data, gpu, args.epochs, args.seed)
+        rows = evaluate(start, data, args.epochs, args.seed)
         print(f"{'shape':>16}  {'start':>6}  {'trained':>7}   (Spearman: log-probability against measured speedup, shape left out)")
         for name, before, after in rows:
             print(f"{name:>16}  {before:6.2f}  {after:7.2f}")

@@ -314,6 +314,20 @@ class EmbeddedPolicy:
             out[fam.value] = {name: {_encode(v): float(p) for v, p in zip(_slot(fam, name).choices, _softmax(w @ x))} for name, w in self.w[fam].items()}
         return out
 
+    def log_probability(self, program: Program, shape: Shape) -> float:
+        """log P(program) for a shape under the factorized policy: its family, then each
+        slot that matters for it (a value outside a slot's list adds nothing)."""
+        x = shape_features(shape, self.gpu)
+        if program.family not in self.families:
+            return -math.inf
+        lp = float(np.log(_softmax(self.family_w @ x)[self.families.index(program.family)] + 1e-12))
+        choices = choices_of(program)
+        for name in _active(program):
+            i = self._index[program.family][name].get(_encode(choices[name]))
+            if i is not None:
+                lp += float(np.log(_softmax(self.w[program.family][name] @ x)[i] + 1e-12))
+        return lp
+
     def _tables(self, x: np.ndarray | None) -> tuple:
         """Cumulative distributions of the family and of every slot (uniform if x is None)."""
 
