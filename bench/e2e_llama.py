@@ -141,6 +141,37 @@ def gemm_time(model, run, steps: int, device: torch.device) -> dict:
             "share_of_kernels": None if not total else gemm / total}
 
 
+def host_ops(run, steps: int, device: torch.device, top: int = 25) -> dict:
+    """Where the host's time goes in ``steps`` calls of ``run``: the ``top`` operators by
+    self CPU time, per call (the profiler's own cost is in every figure alike)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                run()
+            Clock(device).sync()
+        stats = {e.key: (e.self_cpu_time_total / steps, e.count / steps) for e in prof.key_averages()}
+    except Exception as exc:  # a report, not a result
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"self_cpu_us_per_step": sum(v[0] for v in stats.values()),
+            "ops": {k: {"self_cpu_us": round(us, 2), "calls": round(n, 2)} for k, (us, n) in ranked}}
+
+
+def host_diff(torch_ops: dict, l2gen_ops: dict, top: int = 10) -> list[str]:
+    """The operators whose host time per step differs most between the two eager variants."""
+    a, b = torch_ops.get("ops", {}), l2gen_ops.get("ops", {})
+    names = set(a) | set(b)
+    delta = sorted(names, key=lambda k: -abs(b.get(k, {}).get("self_cpu_us", 0.0) - a.get(k, {}).get("self_cpu_us", 0.0)))
+    out = [f"  host us/step: torch {torch_ops.get('self_cpu_us_per_step', 0):.0f}, l2gen {l2gen_ops.get('self_cpu_us_per_step', 0):.0f}"]
+    for k in delta[:top]:
+        ta, tb = a.get(k, {}), b.get(k, {})
+        out.append(f"  {k[:60]:60s} torch {ta.get('self_cpu_us', 0):8.1f} us ({ta.get('calls', 0):5.1f} calls)"
+                   f"  l2gen {tb.get('self_cpu_us', 0):8.1f} us ({tb.get('calls', 0):5.1f} calls)")
+    return out
+
+
 def capture(fn, warmup: int = 3):
     """A CUDA graph of ``fn()`` (after ``warmup`` calls on a side stream) and its outputs."""
     side = torch.cuda.Stream()
@@ -224,7 +255,8 @@ def linear_shapes(model, into: set):
             h.remove()
 
 
-def timed_decode(model, prompt, new_tokens: int, name: str, graphed: bool, ref: dict, clock: Clock) -> dict:
+def timed_decode(model, prompt, new_tokens: int, name: str, graphed: bool, ref: dict, clock: Clock,
+                 host_steps: int = 0) -> dict:
     """One timed greedy decode (eager steps or replays of a captured step)."""
     dec = Decoder(model, prompt, new_tokens)
     with variant(model, name):
@@ -252,17 +284,21 @@ def timed_decode(model, prompt, new_tokens: int, name: str, graphed: bool, ref: 
             generated[:, i] = dec.tok[:, 0]
             marks.append((a, b))
         clock.sync()
-        profiled = None
+        profiled = host = None
         if not graphed:
             dec.prefill()  # from the prompt again: the profiled steps stay inside the cache
             profiled = gemm_time(model, dec.step, min(8, new_tokens), prompt.device)
+            if host_steps:
+                dec.prefill()
+                host = host_ops(dec.step, min(host_steps, new_tokens), prompt.device)
     times = [clock.ms(a, b) for a, b in marks]
     total_s = clock.ms(marks[0][0], marks[-1][1]) / 1e3
     same = generated == ref["tokens"]
     diverged = None if bool(same.all()) else int((~same).any(0).nonzero()[0, 0])
     return {"step_ms": statistics.median(times), "step_ms_min": min(times), "step_ms_max": max(times),
             "tokens_per_s": prompt.shape[0] * new_tokens / total_s, "first_step_rel_logits": first_rel,
-            "tokens_match_torch": diverged is None, "first_divergent_step": diverged, "profile": profiled}
+            "tokens_match_torch": diverged is None, "first_divergent_step": diverged, "profile": profiled,
+            **({"host_ops": host} if host is not None else {})}
 
 
 def lockstep_prefill(model, prompt) -> dict:
@@ -338,7 +374,7 @@ def run_all(model, args, device: torch.device) -> dict:
             for graphed in graph_modes:
                 for name in ("torch", "l2gen"):
                     if phase == "decode":
-                        r = timed_decode(model, prompt, args.new_tokens, name, graphed, ref, clock)
+                        r = timed_decode(model, prompt, args.new_tokens, name, graphed, ref, clock, args.host_profile)
                     else:
                         r = timed_prefill(model, prompt, name, graphed, args.reps, ref, clock)
                     if not graphed:
@@ -348,6 +384,10 @@ def run_all(model, args, device: torch.device) -> dict:
                     _gemm_fields(row, profiles.get(name))
                     rows.append(row)
                     print(f"[e2e] {phase} batch {batch}: {name} {row['mode']}: {row['step_ms']:.3f} ms/step", file=sys.stderr, flush=True)
+            eager = {r["variant"]: r for r in rows if r["phase"] == phase and r["batch"] == batch and r["mode"] == "eager"}
+            if all("host_ops" in eager.get(v, {}) for v in ("torch", "l2gen")):
+                lines = host_diff(eager["torch"]["host_ops"], eager["l2gen"]["host_ops"])
+                print(f"[e2e] {phase} batch {batch}: eager host time, l2gen against torch\n" + "\n".join(lines), file=sys.stderr, flush=True)
     return {"rows": rows, "checks": checks, "shapes": sorted(shapes)}
 
 
@@ -396,6 +436,9 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16")
     p.add_argument("--device", default="cuda", help="cuda (default), or cpu to test the script itself at tiny sizes (no graphs)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA graph runs")
+    p.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
+                   help="profile STEPS eager decode steps of each variant on the host (torch.profiler, CPU): the operators "
+                        "whose time differs most are printed, the top ones of each saved (default 0: none)")
     p.add_argument("--out", default="e2e-llama.json", help="results JSON")
     args = p.parse_args(argv)
     for name in ("layers", "new_tokens", "prompt", "reps"):

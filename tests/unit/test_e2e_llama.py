@@ -104,6 +104,21 @@ def test_the_script_runs_every_step_on_the_cpu_and_writes_its_results(tmp_path, 
     assert "rel logits" in printed.splitlines()[0] and f"results: {out}" in printed
 
 
+def test_the_host_profile_names_each_eager_decodes_operators(tmp_path, capsys):
+    e2e = _load("e2e_llama")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    out = tmp_path / "e2e.json"
+    rc = e2e.main(["--model", str(config), "--device", "cpu", "--new-tokens", "3", "--prompt", "4", "--batches", "1",
+                   "--prefill", "0", "--host-profile", "2", "--out", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    for r in rows:  # every eager decode row has its operators, the matrix products among them
+        ops = r["host_ops"]["ops"]
+        assert r["host_ops"]["self_cpu_us_per_step"] > 0 and ops["aten::mm"]["calls"] > 0
+    assert "eager host time, l2gen against torch" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present")
 def test_without_a_gpu_the_script_says_so(tmp_path, capsys):
     e2e = _load("e2e_llama")
