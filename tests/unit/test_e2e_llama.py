@@ -35,6 +35,17 @@ def lm():
     return _load("llama_model")
 
 
+def _run_tiny(tmp_path, *options) -> tuple[int, Path]:
+    """The script on the CPU over the tiny model, decoding 3 tokens after a 4-token prompt:
+    its exit code and its results file."""
+    e2e = _load("e2e_llama")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    out = tmp_path / "e2e.json"
+    rc = e2e.main(["--model", str(config), "--device", "cpu", "--new-tokens", "3", "--prompt", "4", *options, "--out", str(out)])
+    return rc, out
+
+
 def _tiny(lm, dtype=torch.float32, seed=0):
     config = ModelDims("tiny", **TINY)
     return config, lm.build(config, seed=seed, dtype=dtype, device="cpu", max_positions=64)
@@ -79,12 +90,7 @@ def test_weights_are_seeded_and_named_as_transformers_names_them(lm):
 
 
 def test_the_script_runs_every_step_on_the_cpu_and_writes_its_results(tmp_path, capsys):
-    e2e = _load("e2e_llama")
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(TINY))
-    out = tmp_path / "e2e.json"
-    rc = e2e.main(["--model", str(config), "--device", "cpu", "--new-tokens", "3", "--prompt", "4", "--batches", "1,2",
-                   "--prefill", "8", "--reps", "1", "--out", str(out)])
+    rc, out = _run_tiny(tmp_path, "--batches", "1,2", "--prefill", "8", "--reps", "1")
     assert rc == 0
     results = json.loads(out.read_text())
     rows = results["rows"]
@@ -105,12 +111,7 @@ def test_the_script_runs_every_step_on_the_cpu_and_writes_its_results(tmp_path, 
 
 
 def test_the_host_profile_names_each_eager_decodes_operators(tmp_path, capsys):
-    e2e = _load("e2e_llama")
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(TINY))
-    out = tmp_path / "e2e.json"
-    rc = e2e.main(["--model", str(config), "--device", "cpu", "--new-tokens", "3", "--prompt", "4", "--batches", "1",
-                   "--prefill", "0", "--host-profile", "2", "--out", str(out)])
+    rc, out = _run_tiny(tmp_path, "--batches", "1", "--prefill", "0", "--host-profile", "2")
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
     for r in rows:  # every eager decode row has its operators, the matrix products among them
