@@ -21,8 +21,6 @@ it has not seen.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import random
 import sys
 from pathlib import Path
@@ -32,20 +30,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from l2gen.cli.run import load_suite  # noqa: E402
 from l2gen.parse import parse  # noqa: E402
 from l2gen.problem import Measurement, Shape  # noqa: E402
 from l2gen.schema import read_results  # noqa: E402
 from l2gen.search.base import Proposal  # noqa: E402
+from l2gen.search.learned import spearman  # noqa: E402
 from l2gen.search.policies import EmbeddedPolicy  # noqa: E402
 from l2gen.targets import GPUS  # noqa: E402
 
 
 def heldout_shapes() -> set[tuple[int, int, int]]:
-    out = set()
-    for path in sorted((ROOT / "suites").glob("heldout-*.json")):
-        for e in json.loads(path.read_text())["shapes"]:
-            out.add((e["m"], e["n"], e["k"]))
-    return out
+    return {(s.m, s.n, s.k) for path in sorted((ROOT / "suites").glob("heldout-*.json")) for s in load_suite(str(path))}
 
 
 def load_rows(paths: list[str]) -> dict[Shape, list[Measurement]]:
@@ -82,22 +78,6 @@ def train(policy: EmbeddedPolicy, data: dict[Shape, list[Measurement]], epochs: 
             rows = data[shape]
             policy.update(shape, [(Proposal(m.program, meta={"kind": "sample"}), m) for m in rows])
     return policy
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        for pos, i in enumerate(order):
-            r[i] = float(pos)
-        return np.array(r)
-
-    if len(x) < 3:
-        return float("nan")
-    rx, ry = ranks(x), ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def evaluate(start, data, epochs: int, seed: int) -> list[tuple[str, float, float]]:
@@ -140,10 +120,8 @@ def main() -> int:
         print(f"{'shape':>16}  {'start':>6}  {'trained':>7}   (Spearman: log-probability against measured speedup, shape left out)")
         for name, before, after in rows:
             print(f"{name:>16}  {before:6.2f}  {after:7.2f}")
-        finite = [(b, a) for _, b, a in rows if not (math.isnan(a) or math.isnan(b))]
-        if finite:
-            print(f"median over {len(finite)} shapes: start {np.median([b for b, _ in finite]):.2f}, "
-                  f"trained {np.median([a for _, a in finite]):.2f}")
+        print(f"median over {len(rows)} shapes: start {np.median([b for _, b, _ in rows]):.2f}, "
+              f"trained {np.median([a for _, _, a in rows]):.2f}")
     policy = train(start(), data, args.epochs, args.seed)
     if args.output:
         policy.save(args.output)
