@@ -156,9 +156,9 @@ def served_dispatchers(folder: Path, device: str, m: int, n: int, k: int, progra
         programs.append(program)
     if device == "cuda":  # both layouts' programs built at once, before anything is timed
         from l2gen.build import build_many
-        from l2gen.lower import build_program, lower
+        from l2gen.runner import source
 
-        failed = [r.error for r in build_many([lower(build_program(p), gpu) for p in programs]) if not r.ok]
+        failed = [r.error for r in build_many([source(p, gpu) for p in programs]) if not r.ok]
         if failed:
             raise SystemExit(f"--served: the winner does not build: {failed[0]}")
     launcher = TorchLauncher() if device == "cuda" else StubLauncher(folder)
