@@ -64,7 +64,10 @@ def _l2_penalty(program: Program, shape: Shape, tiles_m: int, tiles_n: int, gpu:
     swizzle group near sqrt of the smaller grid side and a raster along the longer side
     keep the working set resident.
     """
-    footprint = 2.0 * (shape.m * shape.k + shape.k * shape.n)
+    # Only an operand that more than one tile reads can miss on a second read: A is read
+    # by every tile column, B by every tile row (a decode shape's weights, one tile row
+    # high, stream through once whatever the order).
+    footprint = 2.0 * (shape.m * shape.k * (tiles_n > 1) + shape.k * shape.n * (tiles_m > 1))
     ratio = footprint / gpu.l2_bytes
     if ratio <= 0.5:
         return 0.0
@@ -206,7 +209,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     rows, cols = cfg.kernel_tile
     per_sm_flops = gpu.peak_tflops_fp16 * 1e6 / gpu.sms
     bw_sm = L2_TBS * 1e6 / gpu.sms
-    eff = 0.97 * (1.0 - math.exp(-(rows * cols) / 7100.0)) * (1.0 if t.k == 64 else 0.99)
+    eff = 0.97 * (1.0 - math.exp(-(rows * max(cols, 64)) / 7100.0)) * (1.0 if t.k == 64 else 0.99)
     pipe = _pipe(cfg.stages, (rows + cols) * t.k * 2)
     resident = max(1, min(2, gpu.smem_per_sm // l2gen_smem_bytes(cfg)))
     tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
@@ -243,7 +246,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         per_cta = _ceil(tiles * k_all, grid)
         meets = min(tiles, grid - 1) / grid  # tiles summed in the workspace, per CTA
         t_out = t.m * t.n * 2 / bw_sm + 0.1
-        t_sum = 1.0 + rows * cols * 4 * 2 / bw_sm
+        t_sum = 3.0 + rows * cols * 4 * 2 / bw_sm
         compute = LATENCY_US + per_cta * t_iter + 0.3 * t_out * tiles / grid + 0.7 * t_out + meets * t_sum
         return compute, 0.5, 0.0
     if kn.decomposition is Decomposition.HEURISTIC and l2gen_persistent(cfg, gpu.smem_per_block) and units > gpu.sms * looping:
