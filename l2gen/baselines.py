@@ -9,8 +9,9 @@
   They are timed round-robin once per shape and process (median, the L2 flushed by the
   measurement's protocol); the :data:`AUTOTUNE_FINALISTS` fastest then go into the
   measurement's own interleaved, pooled timing as well, and the fastest there is the
-  baseline's time. A pick made in one short stretch of time moved between runs (592.5
-  against 605.6 µs at 4096x12288x4096); the pooled timing is the one that reproduces.
+  baseline's time. A pick made in one short stretch of time moved between runs; the
+  pooled timing is the one that reproduces (bench/results/README.md, "How the numbers are
+  made").
 
 All fp16 in and out with fp32 compute (``CUBLAS_COMPUTE_32F``); cuBLAS and cuBLASLt get a
 32 MB workspace each. "cuBLAS-best" (:func:`cublas_best`) is the fastest of those measured.

@@ -10,8 +10,8 @@ A measurement's protocol has two parts.
   the previous run are written back during that pass, not during the timed kernel.
 - ``dirty``: a *written* flush (a memset of the same buffer size) before each run. It leaves
   the L2 full of dirty lines that the timed kernel must write back while it reads; no model
-  layer sees that. On the H200 it made a 32 MiB read take 15.1 µs instead of 11.8, and
-  memory-bound GEMMs 15-25% slower. Every l2gen measurement made before the protocol was
+  layer sees that, and it slows memory-bound kernels (measured in bench/results/README.md,
+  "How the numbers are made"). Every l2gen measurement made before the protocol was
   recorded used it, so a results file or a database row without the field is ``dirty``
   (:data:`LEGACY_L2`).
 - ``warm``: no flush (inputs left in the L2 by the previous run), for completeness.
