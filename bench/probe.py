@@ -7,6 +7,7 @@ A tool for looking inside a kernel's cost, not a benchmark (``l2gen bench`` is t
 
     python bench/probe.py examples/splitk_cluster_l2gen.l2 --shape 1024x256x4096 --splits 1,2,4,8
     python bench/probe.py P.l2 --shape 16x1280x8192 --lib old/lib.so:ENTRY   # beside a built library
+    python bench/probe.py P.l2 --shape 1x4096x4096 --define L2GEN_PREFETCH_KTILES=8   # and built with -D
     ncu --clock-control none --metrics gpu__time_duration.sum -k regex:gemm \\
         python bench/probe.py PROGRAM.l2 --shape ... --once   # one launch per setting, for ncu
 
@@ -18,6 +19,7 @@ the programs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
@@ -35,6 +37,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("programs", nargs="*")
     ap.add_argument("--lib", action="append", default=[], metavar="PATH:ENTRY", help="a built library to time too")
+    ap.add_argument("--define", action="append", default=[], metavar="MACRO[=VALUE]",
+                    help="also time each program built with -DMACRO (repeatable)")
     ap.add_argument("--shape", required=True)
     ap.add_argument("--splits", default="1")
     ap.add_argument("--decompositions", default="heuristic", help="comma-separated, e.g. heuristic,data_parallel")
@@ -43,12 +47,17 @@ def main() -> int:
     args = ap.parse_args()
     m, n, k = (int(x) for x in args.shape.lower().split("x"))
     programs = [parse_file(p) for p in args.programs]
-    results = build_many([source(p, GPUS["h200"]) for p in programs])
+    # Each program as written, then once per --define: (label, program, extra nvcc flags).
+    variants = [(p.name, p, ()) for p in programs]
+    variants += [(f"{p.name} -D{d}", p, (f"-D{d}",)) for d in args.define for p in programs]
+    sources = [source(p, GPUS["h200"]) for _, p, _ in variants]
+    sources = [dataclasses.replace(s, flags=(*s.flags, *flags)) for s, (_, _, flags) in zip(sources, variants)]
+    results = build_many(sources)
     for r in results:
         if not r.ok:
             print(r.error, file=sys.stderr)
             return 1
-    libraries = [(p.name, p, Library.load(r.library, r.source.entry)) for p, r in zip(programs, results)]
+    libraries = [(label, p, Library.load(r.library, r.source.entry)) for (label, p, _), r in zip(variants, results)]
     for spec in args.lib:
         path, entry = spec.rsplit(":", 1)
         lib = Library.load(path, entry)
