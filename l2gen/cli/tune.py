@@ -14,22 +14,25 @@ from ..validate import at_least, fraction, output_file, write_atomic
 
 def _learn_library_ranking(args, policy) -> None:
     """Rank the library's settings by a model learned from measurements where there are
-    enough: this run's database and the one shipped for the GPU (same protocol and layout)."""
+    enough: this run's database, the serving database and the measured rows shipped for
+    the GPU (same protocol; both B layouts, whose costs the model's features tell apart).
+    The rows of many shapes are what make it rank an unseen shape well: fit on the serving
+    database's decode and split-K rows alone it ranked other shapes below the analytic
+    model (bench/results/README.md, "What the learned model needs to learn from")."""
     from ..db import DatabaseError, KernelDB
     from ..dispatch import default_db_path
-    from ..ir import BLayout
-    from ..search.learned import MIN_ROWS, LearnedModel
+    from ..search.learned import MIN_ROWS, LearnedModel, measured_db_path
 
     paths = [Path(args.db)]
-    shipped = default_db_path(args.gpu)
-    if shipped is not None and shipped.resolve() != Path(args.db).resolve():
-        paths.append(shipped)
+    for shipped in (default_db_path(args.gpu), measured_db_path(args.gpu)):
+        if shipped is not None and all(shipped.resolve() != p.resolve() for p in paths):
+            paths.append(shipped)
     dbs = []
     try:
         for path in paths:  # rows of another protocol do not count: the lookups ask for args.l2
             if path.is_file():
                 dbs.append(KernelDB(path, readonly=True))
-        policy.model = LearnedModel.from_dbs(dbs, args.gpu, l2=args.l2, b_layout=BLayout(args.b_layout))
+        policy.model = LearnedModel.from_dbs(dbs, args.gpu, l2=args.l2)
     except DatabaseError as exc:
         eprint(f"[tune] kernel library: no learned ranking ({exc}); the analytic model ranks it")
         return

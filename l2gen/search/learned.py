@@ -13,17 +13,27 @@ databases' verified rows, or returns None where there are too few.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from ..ir import BLayout, Program
-from ..problem import Shape
+from ..problem import Shape, program_key
 from ..targets import Gpu
 from .policies import RidgeCostModel, program_vector
 from .simulate import model_us
 
 MIN_ROWS = 32  # fewer verified measurements than this: no learned model
+
+
+def measured_db_path(gpu: Gpu) -> Path | None:
+    """The measured rows shipped for ``gpu`` (``l2gen/data/measured_<gpu>.db``): every
+    verified row of the committed clean-L2 benchmark files, whatever its speed (the
+    serving database keeps the winners' shapes only), for a learned model to start from.
+    None where none is shipped."""
+    path = Path(__file__).resolve().parent.parent / "data" / f"measured_{gpu.name}.db"
+    return path if path.is_file() else None
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -79,11 +89,16 @@ class LearnedModel:
     def from_dbs(cls, dbs: Sequence, gpu: Gpu, *, l2: str | None = None, b_layout: BLayout | None = None,
                  min_rows: int = MIN_ROWS) -> "LearnedModel | None":
         """A model fit on the verified rows of kernel databases for ``gpu`` (under ``l2``;
-        of ``b_layout``, if given), or None where they hold fewer than ``min_rows``."""
-        rows = []
+        of ``b_layout``, if given), or None where they hold fewer than ``min_rows``. A row
+        that two databases both hold (the same program, shape and times: one benchmark file
+        imported into each) counts once."""
+        rows, seen = [], set()
         for db in dbs:
             for shape in db.shapes(gpu):
                 for m in db.history(gpu, shape, l2=l2):
                     if m.status == "ok" and m.time_us and (b_layout is None or m.program.b_layout is b_layout):
-                        rows.append((m.program, shape, m.time_us))
+                        key = (program_key(m.program), shape, m.time_us, m.baseline_us)
+                        if key not in seen:
+                            seen.add(key)
+                            rows.append((m.program, shape, m.time_us))
         return cls(gpu).fit(rows) if len(rows) >= min_rows else None

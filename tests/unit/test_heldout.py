@@ -51,12 +51,16 @@ def test_no_other_suite_or_sweep_names_a_heldout_shape():
         assert not shared, f"{path.relative_to(ROOT)} names held-out shapes {sorted(shared)}"
 
 
-def test_the_shipped_database_has_no_heldout_row():
-    db = ROOT / "l2gen" / "data" / "kernels_h200.db"
+@pytest.mark.parametrize("name", ["kernels_h200.db", "measured_h200.db"])
+def test_the_shipped_databases_have_no_heldout_row(name):
+    """Neither the serving database nor the measured rows the learned model starts from."""
+    db = ROOT / "l2gen" / "data" / name
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
         rows = set(con.execute("SELECT m, n, k FROM measurements"))
-    assert rows, "the shipped database has no rows"
+        journal = con.execute("PRAGMA journal_mode").fetchone()[0]
+    assert rows, f"{name} has no rows"
     assert not (_heldout() & rows)
+    assert journal == "delete", f"{name} is in {journal} mode: reading it would write files beside it"
 
 
 @pytest.mark.parametrize("section", ["baselines", "elite"])

@@ -231,8 +231,22 @@ def test_a_learned_model_needs_enough_measurements(tmp_path, shipped):
 @pytest.mark.skipif(device_count() > 0, reason="on a GPU the tune would run")
 def test_tune_library_learns_its_ranking_from_the_shipped_measurements(tmp_path, capsys, monkeypatch):
     """Without a GPU the tune stops at the evaluator, after the library's ranking is fit on
-    the shipped database's measured rows of the layout."""
+    the shipped measurements: the serving database's rows and the measured rows of every
+    committed benchmark (l2gen/data/measured_h200.db), both B layouts."""
+    import re
+    import sqlite3
+
+    from l2gen.search.learned import measured_db_path
+
     monkeypatch.delenv("L2GEN_DB", raising=False)
     assert main(["tune", "--library", "--shape", "64x4096x4096", "--b", "nk", "--db", str(tmp_path / "k.db")]) == 1
     err = capsys.readouterr().err
-    assert "ranked by a model learned from" in err and "E-GPU" in err
+    assert "E-GPU" in err
+    learned = int(re.search(r"ranked by a model learned from (\d+) measurements", err).group(1))
+    measured = measured_db_path(H200)
+    assert measured is not None
+    with sqlite3.connect(f"file:{measured}?mode=ro", uri=True) as con:
+        rows = con.execute("SELECT count(*) FROM (SELECT DISTINCT program_key, m, n, k, time_us, baseline_us "
+                           "FROM measurements WHERE status = 'ok' AND l2 = 'clean')").fetchone()[0]
+    assert rows > 1000
+    assert learned == rows  # the serving database's rows are among them, each counted once
