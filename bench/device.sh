@@ -54,6 +54,10 @@
 #                  decode at batch 1, 16, 64 and a 2048-token prefill (E2E_ARGS: more options;
 #                  E2E_DB: the kernel database l2gen serves from, default the shipped one);
 #                  $RESULTS/$E2E_NAME.json (e2e), also copied to $OUT
+#   probe          bench/probe.py on each of PROBE_SHAPES (MxNxK, space-separated): the
+#                  PROBE_PROGRAMS (DSL files) with PROBE_ARGS (e.g. "--define
+#                  L2GEN_PREFETCH_KTILES=8", "--decompositions heuristic,stream_k"), round-robin
+#                  in one process, PROBE_REPS (30) each; $RESULTS/$PROBE_NAME.txt (probe)
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
 #   buildtime      cold builds of every example (bench/build_times.py): all at once with 16
@@ -242,6 +246,18 @@ for step in "$@"; do
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
       tail -5 "$RESULTS/$name.log"
       cp "$RESULTS/$name.json" "$OUT/" 2>/dev/null || echo "e2e: no results JSON (see $name.log)"
+      ;;
+    probe)
+      name=${PROBE_NAME:-probe}
+      : > "$RESULTS/$name.txt"
+      for shape in ${PROBE_SHAPES:?PROBE_SHAPES: the shapes to probe}; do
+        echo "== $shape" >> "$RESULTS/$name.txt"
+        # shellcheck disable=SC2086
+        timeout "${PROBE_TIMEOUT:-200}" python3 bench/probe.py ${PROBE_PROGRAMS:?PROBE_PROGRAMS: DSL files} \
+          ${PROBE_ARGS:-} --shape "$shape" --reps "${PROBE_REPS:-30}" >> "$RESULTS/$name.txt" 2>&1 || status=1
+      done
+      grep -v ": relerr" "$RESULTS/$name.txt"  # the timings; the verified settings stay in the file
+      cp "$RESULTS/$name.txt" "$OUT/" 2>/dev/null
       ;;
     pack)
       python3 bench/pack_libs.py "$DB" "$OUT/libs.tar.xz" || status=1
