@@ -246,6 +246,9 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         per_cta = _ceil(tiles * k_all, grid)
         meets = min(tiles, grid - 1) / grid  # tiles summed in the workspace, per CTA
         t_out = t.m * t.n * 2 / bw_sm + 0.1
+        # a shared tile's sum is a chain of round trips through an L2 that every other SM is
+        # streaming through, dearer than a split's (bench/results/README.md, "Stream-K in
+        # l2gen's kernel")
         t_sum = 3.0 + rows * cols * 4 * 2 / bw_sm
         compute = LATENCY_US + per_cta * t_iter + 0.3 * t_out * tiles / grid + 0.7 * t_out + meets * t_sum
         return compute, 0.5, 0.0
