@@ -32,14 +32,21 @@ from l2gen.dispatch import use_db  # noqa: E402
 from l2gen.model_shapes import model_dims  # noqa: E402
 
 
+def warmed(model, prompt, steps: int) -> "E.Decoder":
+    """A decoder from the prompt, five steps in and synchronized (under the caller's
+    variant), with room for ``steps`` steps per pass it is timed over."""
+    dec = E.Decoder(model, prompt, 4 * steps)
+    dec.prefill()
+    for _ in range(5):
+        dec.step()
+    torch.cuda.synchronize()
+    return dec
+
+
 def issue_times(model, prompt, name: str, steps: int = 50) -> tuple[float, float, float]:
     """(issue, issue + drain, step + sync) host µs per step of one variant."""
-    dec = E.Decoder(model, prompt, 4 * steps)
     with E.variant(model, name):
-        dec.prefill()
-        for _ in range(5):
-            dec.step()
-        torch.cuda.synchronize()
+        dec = warmed(model, prompt, steps)
         t = time.perf_counter()
         for _ in range(steps):
             dec.step()
@@ -56,7 +63,6 @@ def issue_times(model, prompt, name: str, steps: int = 50) -> tuple[float, float
 
 def linear_calls(model, prompt, steps: int = 20) -> dict:
     """Host µs of each patched Linear call over ``steps`` l2gen steps, by operand shapes."""
-    dec = E.Decoder(model, prompt, 4 * steps)
     calls: dict = {}
     original = torch_ops._call
 
@@ -67,10 +73,7 @@ def linear_calls(model, prompt, steps: int = 20) -> dict:
         return out
 
     with E.variant(model, "l2gen"):
-        dec.prefill()
-        for _ in range(5):
-            dec.step()
-        torch.cuda.synchronize()
+        dec = warmed(model, prompt, steps)
         torch_ops._call = timed
         try:
             for _ in range(steps):
@@ -98,12 +101,8 @@ def main(argv: list[str]) -> int:
         for (sa, sb), times in sorted(linear_calls(model, prompt).items()):
             times.sort()
             print(f"  Linear {sa} x {sb}: {len(times)} calls, median {times[len(times) // 2]:.1f} us, max {times[-1]:.1f}")
-        dec = E.Decoder(model, prompt, 100)
         with E.variant(model, "l2gen"):
-            dec.prefill()
-            for _ in range(5):
-                dec.step()
-            torch.cuda.synchronize()
+            dec = warmed(model, prompt, 20)
             profile = cProfile.Profile()
             profile.enable()
             for _ in range(20):
