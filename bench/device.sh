@@ -56,7 +56,7 @@
 #                  $RESULTS/$E2E_NAME.json (e2e), also copied to $OUT
 #   probe          bench/probe.py on each of PROBE_SHAPES (MxNxK, space-separated): the
 #                  PROBE_PROGRAMS (DSL files) with PROBE_ARGS (e.g. "--define
-#                  L2GEN_PREFETCH_KTILES=8", "--decompositions heuristic,stream_k"), round-robin
+#                  MACRO=1", "--decompositions heuristic,stream_k"), round-robin
 #                  in one process, PROBE_REPS (30) each; $RESULTS/$PROBE_NAME.txt (probe)
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)

@@ -7,7 +7,7 @@ A tool for looking inside a kernel's cost, not a benchmark (``l2gen bench`` is t
 
     python bench/probe.py examples/splitk_cluster_l2gen.l2 --shape 1024x256x4096 --splits 1,2,4,8
     python bench/probe.py P.l2 --shape 16x1280x8192 --lib old/lib.so:ENTRY   # beside a built library
-    python bench/probe.py P.l2 --shape 1x4096x4096 --define L2GEN_PREFETCH_KTILES=8   # and built with -D
+    python bench/probe.py P.l2 --shape 1x4096x4096 --define MACRO=1   # and built with -DMACRO=1 (e.g. L2GEN_TRACE)
     ncu --clock-control none --metrics gpu__time_duration.sum -k regex:gemm \\
         python bench/probe.py PROGRAM.l2 --shape ... --once   # one launch per setting, for ncu
 

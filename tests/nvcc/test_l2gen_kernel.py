@@ -166,22 +166,3 @@ def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
     assert not extra & exports(results[0].library)
     plain_code, traced_code = (sass(r.library) for r in results)
     assert "GLOBALTIMER" not in plain_code and "GLOBALTIMER" in traced_code
-
-
-def test_the_prefetch_switch_prefetches_only_a_streamed_operand(tmp_path, monkeypatch):
-    """-DL2GEN_PREFETCH_KTILES=D (bench/probe.py --define) adds TMA prefetches into L2
-    (UTMAPF) to a program with hints stream and to nothing else; the default build has none."""
-    import dataclasses
-
-    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
-    flag = "-DL2GEN_PREFETCH_KTILES=8"
-    stream = lower(program("swap_nk_bk256"), H200)  # hints stream
-    plain = lower(program("swap_nk_m16_ordered"), H200)  # hints none
-    sources = [stream, dataclasses.replace(stream, flags=(*stream.flags, flag)),
-               dataclasses.replace(plain, flags=(*plain.flags, flag))]
-    results = build_many(sources, jobs=2, timeout=900)
-    assert all(r.ok for r in results), [r.error for r in results]
-    default, prefetching, unstreamed = (sass(r.library) for r in results)
-    assert "UTMAPF" not in default
-    assert "UTMAPF" in prefetching
-    assert "UTMAPF" not in unstreamed
