@@ -238,8 +238,9 @@ class Sm90L2genConfig:
 
     @property
     def consumers(self) -> int:
-        """Consumer warpgroups: one per 64 rows of the kernel tile."""
-        return max(1, self.kernel_tile[0] // 64)
+        """Consumer warpgroups: one for a 64-row kernel tile, two for 128 or 256 rows (each
+        owning half the rows: one wgmma of 64 rows per K step, or two)."""
+        return 1 if self.kernel_tile[0] <= 64 else 2
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,10 @@ SM90_STAGES = range(2, 9)
 SM90_MAX_ACC_PER_THREAD = 208  # at 224 ptxas serializes wgmma (C7511/C7512) and spills
 
 # l2gen's own sm90a kernel (templates/sm90_l2gen_gemm.cu.j2), in its kernel coordinates:
-# rows along wgmma's M side (64 per consumer warpgroup), columns along its N.
-L2GEN_ROWS = (64, 128)
+# rows along wgmma's M side (two consumer warpgroups from 128 rows on, each taking half),
+# columns along its N.
+L2GEN_ROWS = (64, 128, 256)
+L2GEN_MAX_ACC = 128  # fp32 accumulators per consumer thread (a 256-row tile: BN <= 128)
 L2GEN_COLS = tuple(range(8, 257, 8))
 L2GEN_TILE_K = (64, 128, 256)
 L2GEN_STAGES = range(2, 17)

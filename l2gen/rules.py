@@ -23,6 +23,7 @@ from .ir import Decomposition, Family, Mainloop, Program, Scheduler, SplitK
 from .limits import (
     L2GEN_COLS,
     L2GEN_DECOMPOSITIONS,
+    L2GEN_MAX_ACC,
     L2GEN_MAX_CLUSTER,
     L2GEN_MAX_ORDERED_SPLITS,
     L2GEN_MAX_SPLITS,
@@ -396,6 +397,19 @@ def _l2gen_n_major(p, gpu):
     if not q_kmajor and cols % 64:
         other = "BM" if c.swap_ab else "BN"
         yield "tile", f"tile {other} {cols}: B stored K x N ('b kn') is N-major, and its tile must span whole 64-column swizzle atoms"
+
+
+@rule("l2gen.accumulators", "E-REGS", L2GEN, ("tile", "swap_ab"),
+      "accumulators per consumer thread, rows x columns of the kernel tile / (128 x consumers), <= {L2GEN_MAX_ACC}",
+      after=_L2GEN)
+def _l2gen_accumulators(p, gpu):
+    c = p.config
+    rows, cols = c.kernel_tile
+    acc = rows * cols // (128 * c.consumers)
+    if acc > L2GEN_MAX_ACC:
+        other = "BM" if c.swap_ab else "BN"
+        yield "tile", (f"a {rows}-row kernel tile {cols} wide needs {acc} fp32 accumulators per consumer thread, above "
+                       f"{L2GEN_MAX_ACC}: tile {other} at most {L2GEN_MAX_ACC * 128 * c.consumers // rows}")
 
 
 @rule("l2gen.split_k", "E-SPLITK", L2GEN, ("split_k",), "split_k none, cluster, atomic or ordered", after=_L2GEN)

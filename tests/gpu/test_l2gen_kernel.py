@@ -1,6 +1,6 @@
 """l2gen's own sm90a kernel on the GPU: correct for small and odd M with swap-AB on both B
-layouts, correct under every split of K and under stream-K, bitwise deterministic under the
-cluster and ordered splits, one kernel node per call in a CUDA graph (no memset, no second
+layouts, correct with 64-, 128- and 256-row kernel tiles under every split of K and under
+stream-K, bitwise deterministic under the cluster and ordered splits, one kernel node per call in a CUDA graph (no memset, no second
 kernel), and, with the atomic and ordered splits and stream-K, the workspace left zeroed
 across 1,000 calls that change shape, split count and decomposition.
 
@@ -41,6 +41,11 @@ PROGRAMS = {
     "mc_kn_2x2": "b kn\n tile 128 x 128 x 64\n stages 4\n split_k atomic\n cluster 2 x 2 x 1",
     "mc_nk_2x1_ordered": "b nk\n tile 64 x 128 x 64\n stages 4\n split_k ordered\n cluster 2 x 1 x 1",
     "mc_nk_8x1": "b nk\n tile 64 x 128 x 64\n stages 4\n cluster 8 x 1 x 1",
+    # 256-row kernel tiles: two consumer warpgroups of 128 rows, two wgmma each per K step
+    "nk_256_atomic": "b nk\n tile 256 x 128 x 64\n stages 4\n split_k atomic\n hints stream",
+    "kn_256_cluster": "b kn\n tile 256 x 64 x 64\n stages 4\n split_k cluster",
+    "swap_nk_256_ordered": "b nk\n tile 64 x 256 x 64\n swap_ab on\n stages 4\n split_k ordered",
+    "mc_nk_256_1x2": "b nk\n tile 256 x 128 x 64\n stages 4\n split_k atomic\n cluster 1 x 2 x 1",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
 N_K = ((4104, 1024), (1000, 2056), (264, 520))  # odd N (multiples of 8), K tails

@@ -1,5 +1,6 @@
 """l2gen's own sm90a kernel, held to nvcc: a fixed set of programs covering swap-AB on both
-B layouts, the cluster split, cache hints and a wgmma width outside CuTe's base set builds,
+B layouts, the cluster split, cache hints, a wgmma width outside CuTe's base set and a
+256-row kernel tile builds,
 and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
 with plain stores; the timeline build (bench/timeline.py) is a library of its own."""
@@ -31,6 +32,7 @@ PROGRAMS = {
     "nk_wide_extended": ("b nk\n tile 64 x 160 x 64\n stages 4", 160),
     "swap_kn_multicast": ("b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n cluster 1 x 4 x 1", 64),
     "swap_nk_bk256": ("b nk\n tile 16 x 64 x 256\n swap_ab on\n stages 5\n split_k atomic\n hints stream\n splits 2", 16),
+    "nk_256_rows": ("b nk\n tile 256 x 128 x 64\n stages 4\n split_k atomic\n hints stream", 128),
 }
 
 
@@ -87,6 +89,19 @@ def test_l2gen_machine_code_has_one_wgmma_shape_and_no_spills(built, name):
     shapes = set(re.findall(r"HGMMA\.64x(\d+)x16", code))
     assert shapes == {str(PROGRAMS[name][1])}, f"{name}: wgmma widths {sorted(shapes)}"
     assert not re.search(r"\b(LDL|STL)\b", code), f"{name}: local-memory traffic (spills)"
+
+
+def test_a_256_row_tile_gives_each_consumer_two_wgmma_rows_per_k_step(built):
+    """A 256-row kernel tile has two consumer warpgroups of 128 rows: each K step (bk 64,
+    four k16 slices) issues eight wgmma of 64 rows into two accumulator blocks, then waits."""
+    result = built["nk_256_rows"]
+    assert result.ok, result.error
+    code = sass(result.library)
+    steps = re.findall(r"WARPGROUP\.ARRIVE(.*?)WARPGROUP\.DEPBAR", code, flags=re.S)
+    assert steps, "no wgmma batch"
+    for step in steps:
+        accumulators = re.findall(r"HGMMA\.64x128x16\.F32 (R\d+),", step)
+        assert len(accumulators) == 8 and len(set(accumulators)) == 2, accumulators
 
 
 def test_multicast_cluster_loads_shared_tiles_once(built):
