@@ -4,23 +4,12 @@ the M = 256 rows at least as well as the same database without those screens."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sqlite3
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
+from tests.unit.bench_scripts import RESULTS, ROOT, load
+
 MEASURED = ROOT / "l2gen" / "data" / "measured_h200.db"
-
-
-def _script():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("learned_db_gain", ROOT / "bench" / "learned_db_gain.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_rows_of_other_m256_shapes_improve_the_ranking_of_an_m256_shape(tmp_path, capsys):
@@ -34,7 +23,7 @@ def test_rows_of_other_m256_shapes_improve_the_ranking_of_an_m256_shape(tmp_path
         for tile in tiles:
             con.execute("DELETE FROM measurements WHERE m = 256 AND program_text LIKE ?", (f"%{tile}%",))
     test = [str(RESULTS / "2026-12-04-h200-m256deep-run2-5f3fd8a.json")]
-    assert _script().main(str(old), str(MEASURED), test) == 0
+    assert load("learned_db_gain").main(str(old), str(MEASURED), test) == 0
     out = capsys.readouterr().out
     shapes = re.findall(r"^\s+256x\d+x\d+ n=\s*\d+", out, flags=re.M)
     assert len(shapes) == 8

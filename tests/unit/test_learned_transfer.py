@@ -5,27 +5,15 @@ one fit on the serving rows alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
-
-
-def _script():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("learned_transfer", ROOT / "bench" / "learned_transfer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.unit.bench_scripts import RESULTS, load
 
 
 def test_learned_transfer_reports_each_ranking_over_the_unheld_shapes(capsys):
     serving = [str(RESULTS / "2026-12-04-h200-ksplit-run1-fe6b98d.json")]
     others = [str(RESULTS / "2026-12-04-h200-m256-screen-6d27045.json")]
-    assert _script().main(serving, others) == 0
+    assert load("learned_transfer").main(serving, others) == 0
     out = capsys.readouterr().out
     assert out.startswith("8 shapes of the other files that the serving files do not hold")
     medians = dict(re.findall(r"^  (\S.*?)\s+median Spearman ([+-]\d\.\d\d)", out, flags=re.M))

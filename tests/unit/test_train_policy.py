@@ -3,21 +3,14 @@ that measured faster, and a results file holding a held-out shape is refused."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results" / "2026-12-04-h200-ksplit-run1-349ad1a.json"
+from tests.unit.bench_scripts import RESULTS as RESULTS_DIR, load
 
-
-def _trainer():
-    spec = importlib.util.spec_from_file_location("train_policy", ROOT / "bench" / "train_policy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+RESULTS = RESULTS_DIR / "2026-12-04-h200-ksplit-run1-349ad1a.json"
 
 
 def _one_shape(tmp_path, shape=(64, 1024, 16384), as_shape=None) -> Path:
@@ -36,7 +29,7 @@ def test_training_raises_the_fastest_programs_probability_over_the_slowest(tmp_p
     from l2gen.search.policies import EmbeddedPolicy
     from l2gen.targets import GPUS
 
-    tp = _trainer()
+    tp = load("train_policy")
     data = tp.load_rows([str(_one_shape(tmp_path))])
     (shape, rows), = data.items()
     fast = max(rows, key=lambda m: m.speedup)
@@ -52,7 +45,7 @@ def test_training_raises_the_fastest_programs_probability_over_the_slowest(tmp_p
 
 
 def test_a_held_out_shape_is_refused(tmp_path):
-    tp = _trainer()
+    tp = load("train_policy")
     held = sorted(tp.heldout_shapes())[0]
     with pytest.raises(SystemExit, match="held-out"):
         tp.load_rows([str(_one_shape(tmp_path, as_shape=held))])
