@@ -11,7 +11,6 @@ rows of other shapes. Medians over the shapes.
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 import sys
 from pathlib import Path
@@ -23,27 +22,21 @@ if str(HERE.parent) not in sys.path:
 
 from model_rank import _rows  # noqa: E402
 
-from l2gen.parse import parse  # noqa: E402
-from l2gen.problem import Shape  # noqa: E402
-from l2gen.search.learned import LearnedModel, spearman  # noqa: E402
+from l2gen.db import KernelDB  # noqa: E402
+from l2gen.search.learned import LearnedModel, db_rows, spearman  # noqa: E402
 from l2gen.search.simulate import model_us  # noqa: E402
 from l2gen.targets import GPUS  # noqa: E402
 
 
-def db_rows(path: str) -> list:
-    """(program, shape, µs) of a database's clean-L2 measured rows, each program on each
-    shape once (its first row)."""
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
-        first: dict = {}
-        query = "SELECT m, n, k, program_text, time_us FROM measurements WHERE status = 'ok' AND l2 = 'clean' ORDER BY id"
-        for m, n, k, text, t in con.execute(query):
-            first.setdefault((text, m, n, k), t)
-    return [(parse(text), Shape(m, n, k), t) for (text, m, n, k), t in first.items()]
+def rows_of(path: str) -> list:
+    """What the tuner's learned model fits on from one database: its verified clean-L2 rows."""
+    with KernelDB(Path(path), readonly=True) as db:
+        return db_rows([db], GPUS["h200"], l2="clean")
 
 
 def main(old_db: str, new_db: str, tests: list[str]) -> int:
     gpu = GPUS["h200"]
-    fits = {"old": db_rows(old_db), "new": db_rows(new_db)}
+    fits = {"old": rows_of(old_db), "new": rows_of(new_db)}
     test = _rows(tests)
     scores: dict[str, list[float]] = {"analytic": [], "old": [], "new": []}
     for key in sorted({(s.m, s.n, s.k) for _, s, _, _ in test}):

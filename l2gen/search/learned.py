@@ -88,17 +88,25 @@ class LearnedModel:
     @classmethod
     def from_dbs(cls, dbs: Sequence, gpu: Gpu, *, l2: str | None = None, b_layout: BLayout | None = None,
                  min_rows: int = MIN_ROWS) -> "LearnedModel | None":
-        """A model fit on the verified rows of kernel databases for ``gpu`` (under ``l2``;
-        of ``b_layout``, if given), or None where they hold fewer than ``min_rows``. A row
-        that two databases both hold (the same program, shape and times: one benchmark file
-        imported into each) counts once."""
-        rows, seen = [], set()
-        for db in dbs:
-            for shape in db.shapes(gpu):
-                for m in db.history(gpu, shape, l2=l2):
-                    if m.status == "ok" and m.time_us and (b_layout is None or m.program.b_layout is b_layout):
-                        key = (program_key(m.program), shape, m.time_us, m.baseline_us)
-                        if key not in seen:
-                            seen.add(key)
-                            rows.append((m.program, shape, m.time_us))
+        """A model fit on :func:`db_rows` of kernel databases for ``gpu``, or None where they
+        hold fewer than ``min_rows``."""
+        rows = db_rows(dbs, gpu, l2=l2, b_layout=b_layout)
         return cls(gpu).fit(rows) if len(rows) >= min_rows else None
+
+
+def db_rows(dbs: Sequence, gpu: Gpu, *, l2: str | None = None,
+            b_layout: BLayout | None = None) -> list[tuple[Program, Shape, float]]:
+    """(program, shape, µs) of the verified rows of kernel databases for ``gpu`` (under
+    ``l2``; of ``b_layout``, if given): what a learned model fits on. A row that two
+    databases both hold (the same program, shape and times: one benchmark file imported
+    into each) counts once."""
+    rows, seen = [], set()
+    for db in dbs:
+        for shape in db.shapes(gpu):
+            for m in db.history(gpu, shape, l2=l2):
+                if m.status == "ok" and m.time_us and (b_layout is None or m.program.b_layout is b_layout):
+                    key = (program_key(m.program), shape, m.time_us, m.baseline_us)
+                    if key not in seen:
+                        seen.add(key)
+                        rows.append((m.program, shape, m.time_us))
+    return rows
