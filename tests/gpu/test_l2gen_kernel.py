@@ -1,8 +1,9 @@
 """l2gen's own sm90a kernel on the GPU: correct for small and odd M with swap-AB on both B
 layouts, correct with 64-, 128- and 256-row kernel tiles under every split of K and under
-stream-K, bitwise deterministic under the cluster and ordered splits, one kernel node per call in a CUDA graph (no memset, no second
-kernel), and, with the atomic and ordered splits and stream-K, the workspace left zeroed
-across 1,000 calls that change shape, split count and decomposition.
+stream-K, bitwise deterministic under the cluster and ordered splits, one kernel node per
+call in a CUDA graph (no memset, no second kernel), and, with the atomic and ordered splits
+and stream-K, the workspace left zeroed across 1,000 calls that change shape, split count
+and decomposition.
 
 Each program is lowered, built (cached), loaded in this process and verified against an
 fp64 reference with NaN-poisoned outputs.

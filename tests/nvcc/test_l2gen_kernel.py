@@ -1,7 +1,6 @@
 """l2gen's own sm90a kernel, held to nvcc: a fixed set of programs covering swap-AB on both
 B layouts, the cluster split, cache hints, a wgmma width outside CuTe's base set and a
-256-row kernel tile builds,
-and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
+256-row kernel tile builds, and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
 with plain stores; the timeline build (bench/timeline.py) is a library of its own."""
 
