@@ -74,6 +74,8 @@ def main() -> int:
     settings.append(("torch.matmul (kn)", lambda: torch.matmul(a, b_kn)))
     settings.append(("torch linear (nk)", lambda: torch.nn.functional.linear(a, b_nk)))
     settings.append(("launch floor (empty zero_)", lambda: torch.empty(0, device="cuda").zero_()))
+    c_floor = torch.empty(m, n, dtype=torch.float16, device="cuda")
+    settings.append(("C write floor (fill_ of an M x N fp16)", lambda: c_floor.fill_(1.0)))
     for name, program, lib in libraries:
         nk = program.b_layout.value == "nk"
         b = torch.randn((n, k) if nk else (k, n), dtype=torch.float16, device="cuda")
