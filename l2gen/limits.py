@@ -132,34 +132,51 @@ def l2gen_multicast_pieces(program: Program) -> list[tuple[str, int, int]]:
     ]
 
 
-def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int]:
-    """The pipeline's bytes, the epilogue's, and the barriers' (full and empty per stage, the
-    ticket)."""
+L2GEN_SMEM_LIMIT = 232448  # the shared memory a Hopper block may opt into (the template's limit)
+
+
+def l2gen_tma_store(cfg: Sm90L2genConfig) -> bool:
+    """Whether the persistent kernel stores C by TMA (the template's kTmaStore): one CTA
+    writes each tile whole in C's orientation (no swap_ab, no cluster split) in boxes of 64
+    columns. The one-unit kernel's threads store it."""
+    return not cfg.swap_ab and cfg.split_k is not SplitK.CLUSTER and cfg.tile.n % 64 == 0
+
+
+def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int, int]:
+    """The pipeline's bytes, the epilogue's in the one-unit kernel and in the persistent one,
+    and the barriers' (full and empty per stage, the ticket)."""
     rows, cols = cfg.kernel_tile
     pipeline = cfg.stages * (rows + cols) * cfg.tile.k * 2
+    barriers = 16 * cfg.stages + 16
     staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
     reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
-    return pipeline, reduce + staging, 16 * cfg.stages + 16
+    loop_staging = staging
+    if l2gen_tma_store(cfg):  # one or two boxes of 64 columns (128 bytes) by the tile's rows
+        box = cfg.tile.m * 128
+        apart = -(-(max(pipeline, reduce + staging) + barriers) // 1024) * 1024
+        two = cfg.tile.n >= 128 and apart + 2 * box + 1024 <= L2GEN_SMEM_LIMIT
+        loop_staging = (2 if two else 1) * box
+    return pipeline, reduce + staging, reduce + loop_staging, barriers
 
 
 def l2gen_smem_bytes(cfg: Sm90L2genConfig) -> int:
     """The least dynamic shared memory an sm90a l2gen kernel needs, the epilogue staged over
     the drained pipeline (the template's kSmemBytes, with 1 KB of room to align the base):
     what the checker holds a program to, and what a launch of one CTA per unit takes."""
-    pipeline, epilogue, barriers = _l2gen_smem_parts(cfg)
+    pipeline, epilogue, _, barriers = _l2gen_smem_parts(cfg)
     return max(pipeline, epilogue) + barriers + 1024
 
 
 def l2gen_persistent_smem_bytes(cfg: Sm90L2genConfig) -> int:
     """Shared memory of a persistent launch (the template's kPersistentSmemBytes): the
-    epilogue's buffers apart, after the barriers, 128-byte aligned."""
-    pipeline, epilogue, barriers = _l2gen_smem_parts(cfg)
-    apart = -(-(max(pipeline, epilogue) + barriers) // 128) * 128
-    return apart + epilogue + 1024
+    epilogue's buffers apart, after the barriers, 1024-byte aligned (the swizzle atom)."""
+    pipeline, epilogue, loop_epilogue, barriers = _l2gen_smem_parts(cfg)
+    apart = -(-(max(pipeline, epilogue) + barriers) // 1024) * 1024
+    return apart + loop_epilogue + 1024
 
 
 def l2gen_persistent(cfg: Sm90L2genConfig, smem_per_block: int) -> bool:
-    """Whether the kernel is built persistent (the template's kPersistent): no multicast
-    cluster, no cluster split, and the epilogue's buffers fit apart from the pipeline's."""
-    multicast = cfg.cluster[0] * cfg.cluster[1] > 1
-    return not multicast and cfg.split_k is not SplitK.CLUSTER and l2gen_persistent_smem_bytes(cfg) <= smem_per_block
+    """Whether the kernel is built persistent (the template's kPersistent): no cluster split,
+    and the epilogue's buffers fit apart from the pipeline's. A multicast cluster loops too,
+    all its CTAs over the same units."""
+    return cfg.split_k is not SplitK.CLUSTER and l2gen_persistent_smem_bytes(cfg) <= smem_per_block

@@ -537,7 +537,7 @@ def _l2gen_stream_k(p, gpu):
     if c.split_k is not SplitK.ATOMIC:
         yield "split_k", f"'decomposition stream_k' sums the tiles CTAs share in the workspace: it needs 'split_k atomic', not '{c.split_k.value}'"
     elif c.cluster[0] * c.cluster[1] > 1:
-        yield "cluster", "'decomposition stream_k' runs the persistent kernel, which a multicast cluster does not have"
+        yield "cluster", "'decomposition stream_k' gives each CTA a K range of its own; the CTAs of a multicast cluster walk the same tiles together"
     elif not l2gen_persistent(c, gpu.smem_per_block):
         yield "stages", (f"'decomposition stream_k' runs the persistent kernel: {l2gen_persistent_smem_bytes(c)} bytes of shared memory "
                          f"(the epilogue's buffers beside {c.stages} stages) exceed the {gpu.smem_per_block} a block may use on {gpu.name}")

@@ -47,6 +47,9 @@ PROGRAMS = {
     "kn_256_cluster": "b kn\n tile 256 x 64 x 64\n stages 4\n split_k cluster",
     "swap_nk_256_ordered": "b nk\n tile 64 x 256 x 64\n swap_ab on\n stages 4\n split_k ordered",
     "mc_nk_256_1x2": "b nk\n tile 256 x 128 x 64\n stages 4\n split_k atomic\n cluster 1 x 2 x 1",
+    # persistent multicast clusters storing C by TMA (one box buffer; two)
+    "mc_kn_256_1x2": "b kn\n tile 256 x 128 x 64\n stages 4\n cluster 1 x 2 x 1",
+    "mc_kn_128x256_2x1": "b kn\n tile 128 x 256 x 64\n stages 4\n cluster 2 x 1 x 1",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
 N_K = ((4104, 1024), (1000, 2056), (264, 520))  # odd N (multiples of 8), K tails
@@ -201,6 +204,11 @@ def test_cluster_and_ordered_splits_are_bitwise_deterministic(libs, name, splits
         ("kn_128_atomic", [(1000, 1000, 1000), (2056, 2048, 200)]),
         ("swap_kn_ordered", [(100, 8200, 1024)]),
         ("swap_nk_bk256", [(16, 28680, 1000)]),  # 449 tiles, the last K tile short
+        # multicast clusters looping over more clusters than the GPU holds, hanging over
+        # both edges (17 x 17, 33 x 9 and 17 x 16 tiles), C stored by TMA
+        ("mc_kn_256_1x2", [(4100, 2056, 136)]),
+        ("mc_kn_128x256_2x1", [(4100, 2056, 136)]),
+        ("mc_kn_2x2", [(2056, 2048, 200)]),
     ],
 )
 def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes):
