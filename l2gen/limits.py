@@ -137,9 +137,9 @@ L2GEN_SMEM_LIMIT = 232448  # the shared memory a Hopper block may opt into (the 
 
 def l2gen_tma_store(cfg: Sm90L2genConfig) -> bool:
     """Whether the persistent kernel stores C by TMA (the template's kTmaStore): one CTA
-    writes each tile whole in C's orientation (no swap_ab, no cluster split) in boxes of 64
+    writes each tile whole in C's orientation (no swap_ab, no split of K) in boxes of 64
     columns. The one-unit kernel's threads store it."""
-    return not cfg.swap_ab and cfg.split_k is not SplitK.CLUSTER and cfg.tile.n % 64 == 0
+    return not cfg.swap_ab and cfg.split_k is SplitK.NONE and cfg.tile.n % 64 == 0
 
 
 def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int, int]:

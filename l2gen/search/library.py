@@ -3,7 +3,7 @@ run-time knobs adapt each of them to any shape.
 
 A library is a folder of DSL files, one configuration each: the one shipped for a GPU is
 ``l2gen/data/library/<gpu>/`` (the configurations that won or came close on the public,
-LLM decode, M = 256 and split-K suites). ``l2gen build --library`` builds it (parallel, cached:
+LLM decode, M = 256, split-K and large-shape benchmarks). ``l2gen build --library`` builds it (parallel, cached:
 the builds bench, tune and the dispatcher reuse). ``l2gen tune --library`` then measures,
 for each shape, the library's knob settings that the cost model ranks first (split count,
 decomposition, raster, block swizzle) before its policy proposes new configurations: with
