@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from .check import check
-from .limits import l2gen_operands
+from .limits import l2gen_operands, l2gen_persistent_smem_bytes, l2gen_smem_bytes
 from .diagnostics import DiagnosticError, errors
 from .ir import Family, Knobs, Program, Sm90L2genConfig
 from .printer import format_program
@@ -140,6 +140,10 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             ccm=cfg.kernel_cluster[0],
             ccn=cfg.kernel_cluster[1],
             extended_mma_shapes=needs_extended_mma_shapes(program),
+            # the checker's counts of the kernel's shared memory, which the template
+            # asserts against its own (a mirror that drifts fails the build)
+            smem_bytes=l2gen_smem_bytes(cfg),
+            persistent_smem_bytes=l2gen_persistent_smem_bytes(cfg),
         )
         return ctx
     ctx["epilogue"] = cfg.epilogue.value
