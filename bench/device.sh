@@ -58,6 +58,10 @@
 #                  PROBE_PROGRAMS (DSL files) with PROBE_ARGS (e.g. "--define
 #                  MACRO=1", "--decompositions heuristic,stream_k"), round-robin
 #                  in one process, PROBE_REPS (30) each; $RESULTS/$PROBE_NAME.txt (probe)
+#   anatomy        bench/launch_anatomy.py: a tiny GEMM's launch piece by piece (empty kernels
+#                  differing in one launch property, loads and stores alone, a bare mma.sync
+#                  GEMM) beside torch.matmul and ANATOMY_PROGRAMS on ANATOMY_SHAPES;
+#                  $RESULTS/$ANATOMY_NAME.txt, .json (anatomy)
 #   pack           the built libraries of $DB's programs as $OUT/libs.tar.xz (carry it back
 #                  as .device-in/libs.tar.xz to skip rebuilding them in a later call)
 #   buildtime      cold builds of every example (bench/build_times.py): all at once with 16
@@ -258,6 +262,15 @@ for step in "$@"; do
       done
       grep -v ": relerr" "$RESULTS/$name.txt"  # the timings; the verified settings stay in the file
       cp "$RESULTS/$name.txt" "$OUT/" 2>/dev/null
+      ;;
+    anatomy)
+      name=${ANATOMY_NAME:-anatomy}
+      # shellcheck disable=SC2086
+      timeout "${ANATOMY_TIMEOUT:-300}" python3 bench/launch_anatomy.py ${ANATOMY_PROGRAMS:-} \
+        ${ANATOMY_SHAPES:+--shapes "$ANATOMY_SHAPES"} --reps "${ANATOMY_REPS:-30}" \
+        --json "$RESULTS/$name.json" > "$RESULTS/$name.txt" 2>&1 || status=1
+      grep -v ": relerr" "$RESULTS/$name.txt"
+      cp "$RESULTS/$name.txt" "$RESULTS/$name.json" "$OUT/" 2>/dev/null
       ;;
     pack)
       python3 bench/pack_libs.py "$DB" "$OUT/libs.tar.xz" || status=1
