@@ -151,11 +151,15 @@ def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int, int]:
     staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
     reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
     loop_staging = staging
-    if l2gen_tma_store(cfg):  # one or two boxes of 64 columns (128 bytes) by the tile's rows
-        box = cfg.tile.m * 128
+    if l2gen_tma_store(cfg):  # boxes of 64 columns (128 bytes) by the tile's rows: one per
+        box = cfg.tile.m * 128  # box of the tile where they fit, else two, else one
+        boxes = cfg.tile.n // 64
         apart = -(-(max(pipeline, reduce + staging) + barriers) // 1024) * 1024
-        two = cfg.tile.n >= 128 and apart + 2 * box + 1024 <= L2GEN_SMEM_LIMIT
-        loop_staging = (2 if two else 1) * box
+        if apart + boxes * box + 1024 <= L2GEN_SMEM_LIMIT:
+            loop_staging = boxes * box
+        else:
+            two = boxes >= 2 and apart + 2 * box + 1024 <= L2GEN_SMEM_LIMIT
+            loop_staging = (2 if two else 1) * box
     return pipeline, reduce + staging, reduce + loop_staging, barriers
 
 

@@ -50,6 +50,9 @@ PROGRAMS = {
     # persistent multicast clusters storing C by TMA (one box buffer; two)
     "mc_kn_256_1x2": "b kn\n tile 256 x 128 x 64\n stages 4\n cluster 1 x 2 x 1",
     "mc_kn_128x256_2x1": "b kn\n tile 128 x 256 x 64\n stages 4\n cluster 2 x 1 x 1",
+    # three stages leave room to stage the whole tile (a TMA-store buffer per box)
+    "mc_kn_128x256_s3_2x1": "b kn\n tile 128 x 256 x 64\n stages 3\n cluster 2 x 1 x 1",
+    "kn_128_whole": "b kn\n tile 128 x 128 x 64\n stages 4",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
 N_K = ((4104, 1024), (1000, 2056), (264, 520))  # odd N (multiples of 8), K tails
@@ -209,6 +212,8 @@ def test_cluster_and_ordered_splits_are_bitwise_deterministic(libs, name, splits
         ("mc_kn_256_1x2", [(4100, 2056, 136)]),
         ("mc_kn_128x256_2x1", [(4100, 2056, 136)]),
         ("mc_kn_2x2", [(2056, 2048, 200)]),
+        ("mc_kn_128x256_s3_2x1", [(4100, 2056, 136), (2056, 4100, 1000)]),
+        ("kn_128_whole", [(2056, 2056, 200), (4104, 1000, 72)]),
     ],
 )
 def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes):
