@@ -99,11 +99,13 @@ class Launcher(Protocol):
         """A key for the current stream (a workspace serves calls on one stream only)."""
 
     def eligible(self, a: Any, b: Any, out: Any) -> bool:
-        """Whether the operands are what the kernels take (fp16, 2-D, row-major,
-        contiguous, 16-byte aligned, one device). The dispatcher checks the shapes."""
+        """Whether the operands are what the kernels take (fp16, row-major, contiguous,
+        16-byte aligned, one device; B 2-D, A and the output of 2 or more dimensions, whose
+        leading ones are the rows). The dispatcher checks the shapes."""
 
     def empty(self, like: Any, m: int, n: int) -> Any:
-        """An uninitialized M x N output like ``like``."""
+        """An uninitialized output like A (``like``): A's leading dimensions (M rows in
+        all) by N."""
 
     def launch(self, kernel: Any, a: Any, b: Any, out: Any, m: int, n: int, k: int, ldb: int, knobs: Knobs, workspace: Any) -> int:
         """Enqueue the kernel on the current stream; return its status code (0 = ok).
@@ -349,13 +351,23 @@ class Dispatcher:
         return self._serve(a, b, b.shape, out)
 
     def _serve(self, a, b, shape_b, out):
+        shape_a = a.shape
         try:
-            m, k = a.shape
+            if len(shape_a) == 2:
+                m, k = shape_a
+                lead = None
+            else:  # (..., K): the leading dimensions are the rows, served without a view
+                *lead, k = shape_a
+                m = 1
+                for d in lead:
+                    m *= d
+                if not lead:  # 1-D: not a matrix product's A
+                    return None
             if self._nk:
                 n, k2 = shape_b
             else:
                 k2, n = shape_b
-        except ValueError:  # not 2-D
+        except ValueError:  # B not 2-D
             return None
         state = self._shapes.get((m, n, k))
         if state is _FALLBACK:
@@ -367,7 +379,7 @@ class Dispatcher:
             with self._lock:
                 self._unserved_b.add((n, k) if self._nk else (k, n))
             return None
-        if out is not None and out.shape != (m, n):
+        if out is not None and (out.shape != (m, n) if lead is None else (tuple(out.shape[:-1]) != tuple(lead) or out.shape[-1] != n)):
             return None
         launcher = self.launcher
         if not launcher.eligible(a, b, out):  # before any build: these operands never launch
@@ -536,14 +548,15 @@ class TorchLauncher:
     def eligible(self, a, b, out) -> bool:
         f16 = self.torch.float16
         ok = a.dtype is f16 and b.dtype is f16 and a.is_cuda and b.get_device() == a.get_device()
-        ok = ok and a.dim() == 2 and b.dim() == 2 and a.is_contiguous() and b.is_contiguous()
+        ok = ok and a.dim() >= 2 and b.dim() == 2 and a.is_contiguous() and b.is_contiguous()
         ok = ok and (a.data_ptr() | b.data_ptr()) & 15 == 0
         if ok and out is not None:
             ok = out.dtype is f16 and out.get_device() == a.get_device() and out.is_contiguous() and out.data_ptr() & 15 == 0
         return bool(ok)
 
     def empty(self, like, m: int, n: int):
-        return like.new_empty(m, n)  # like's dtype and device, fewer arguments to parse than torch.empty
+        # like's dtype and device, fewer arguments to parse than torch.empty
+        return like.new_empty(m, n) if like.dim() == 2 else like.new_empty(like.shape[:-1] + (n,))
 
     def launch(self, kernel, a, b, out, m: int, n: int, k: int, ldb: int, knobs: Knobs, workspace) -> int:
         buf, nbytes = workspace[:2]

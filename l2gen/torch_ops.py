@@ -65,7 +65,7 @@ def _reference_out(a, b, b_nk: bool, bias, out) -> None:
 def _served(a, b, b_nk: bool, bias, out):
     """The call's result from an l2gen kernel (written into ``out`` if given), or None
     where torch computes it."""
-    if a.device.type not in SERVED_DEVICES or a.dim() < 1 or b.dim() != 2:
+    if not (a.is_cuda and "cuda" in SERVED_DEVICES or a.device.type in SERVED_DEVICES) or a.dim() < 1 or b.dim() != 2:
         return None
     k = a.shape[-1]
     n, k_b = b.shape if b_nk else (b.shape[1], b.shape[0])
@@ -73,24 +73,24 @@ def _served(a, b, b_nk: bool, bias, out):
         return None
     if bias is not None and (bias.shape != (n,) or bias.dtype != a.dtype or bias.device != a.device):
         return None
-    flat = a.dim() != 2
-    if flat:
-        if not a.is_contiguous():
-            return None
-        lead = a.shape[:-1]
-        a = a.view(-1, k)
+    # A of 2 or more dimensions goes to the dispatcher as it is (its leading dimensions are
+    # the rows, C comes back shaped like them: no views to make, a microsecond each on the
+    # host); a vector is a one-row matrix.
+    vector = a.dim() == 1
+    if vector:
+        a = a.view(1, k)
         if out is not None:
-            if out.shape != lead + (n,) or not out.is_contiguous():
+            if out.shape != (n,) or not out.is_contiguous():
                 return None
-            out = out.view(-1, n)
-    elif out is not None and (out.shape != (a.shape[0], n) or not out.is_contiguous()):
+            out = out.view(1, n)
+    elif out is not None and (out.shape != a.shape[:-1] + (n,) or not out.is_contiguous()):
         return None
     c = dispatch.default_dispatcher(b_nk).serve(a, b, out)
     if c is None:
         return None
     if bias is not None:
         c.add_(bias)
-    return c.view(lead + (n,)) if flat else c
+    return c.view(n) if vector else c
 
 
 def _mm_impl(a, b, b_nk, bias):
@@ -172,7 +172,7 @@ _AUTOCAST_DEVICES = ("cuda", "cpu")
 
 def _autocasting(a) -> torch.dtype | None:
     """The dtype autocast gives ``F.linear`` and ``torch.matmul`` on A's device, or None."""
-    device = a.device.type
+    device = "cuda" if a.is_cuda else a.device.type  # (is_cuda costs a sixth of device.type)
     if device in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return None

@@ -55,14 +55,14 @@ class CpuLauncher:
         import torch
 
         def fits(t):
-            return t.dtype is torch.float16 and t.dim() == 2 and t.is_contiguous()
+            return t.dtype is torch.float16 and t.dim() >= 2 and t.is_contiguous()
 
-        return fits(a) and fits(b) and (out is None or fits(out))
+        return fits(a) and fits(b) and b.dim() == 2 and (out is None or fits(out))
 
     def empty(self, like, m, n):
         import torch
 
-        return torch.empty((m, n), dtype=like.dtype, device=like.device)
+        return torch.empty((*like.shape[:-1], n), dtype=like.dtype, device=like.device)
 
     def launch(self, kernel, a, b, out, m, n, k, ldb, knobs, workspace):
         import torch

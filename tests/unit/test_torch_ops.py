@@ -233,6 +233,10 @@ def test_both_layouts_are_served_with_their_leading_dimension(served_on_cpu):
     assert torch.equal(mm(x, b), torch.matmul(x.view(64, 512), b).view(4, 16, 256))
     assert launches[-1]["layout"] is BLayout.KN and launches[-1]["ldb"] == 256
     assert len(launches) == 4
+    # A's leading dimensions are the rows: the launch gets the 3-D input and writes the
+    # 3-D output it returns (no view of either on the way)
+    c = linear(x, w)
+    assert c.shape == (4, 16, 256) and launches[-1]["c"] == c.data_ptr() and launches[-1]["a"] == x.data_ptr()
 
 
 def test_a_served_call_adds_its_bias_and_writes_out(served_on_cpu):
