@@ -51,7 +51,7 @@ from .targets import Gpu
 from .toolchain import found_nvcc_version
 from .validate import write_atomic
 
-SCHEMA_VERSION = 2  # 2: measurements.l2, meta 'l2'
+SCHEMA_VERSION = 3  # 2: measurements.l2, meta 'l2'; 3: measurements.fallback_us
 FORMAT = "l2gen-kernel-db"  # also meta 'format': what marks an SQLite file as ours
 DEFAULT_DB = "l2gen-kernels.db"  # tune's and db's default
 SIMULATED_DB = "l2gen-kernels-simulated.db"  # tune --simulate's default: never beside measured rows
@@ -93,7 +93,8 @@ WHERE j.id = (
 )
 """
 _ROWS = "measurements"
-_ROWS_V1 = f"(SELECT *, '{LEGACY_L2}' AS l2 FROM measurements)"
+_ROWS_V1 = f"(SELECT *, '{LEGACY_L2}' AS l2, NULL AS fallback_us FROM measurements)"
+_ROWS_V2 = "(SELECT *, NULL AS fallback_us FROM measurements)"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -117,7 +118,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     policy       TEXT,
     created_at   TEXT    NOT NULL,   -- UTC, ISO 8601
     env          TEXT    NOT NULL DEFAULT '{}',  -- JSON: nvcc, cutlass, driver, torch, ...
-    l2           TEXT    NOT NULL DEFAULT 'dirty'  -- L2 protocol: clean, dirty, warm (l2gen.protocol)
+    l2           TEXT    NOT NULL DEFAULT 'dirty',  -- L2 protocol: clean, dirty, warm (l2gen.protocol)
+    fallback_us  REAL                -- torch.matmul (the dispatcher's fallback), same run; NULL: not timed
 );
 CREATE INDEX IF NOT EXISTS measurements_shape ON measurements (gpu, m, n, k);
 DROP VIEW IF EXISTS best;
@@ -137,7 +139,7 @@ def _layout_of(program_text: str) -> str:
     return match.group(1) if match else "kn"
 
 
-_COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env", "l2")
+_COLUMNS = ("gpu", "arch", "m", "n", "k", "program_text", "program_key", "status", "time_us", "baseline_us", "relerr", "error", "policy", "created_at", "env", "l2", "fallback_us")
 
 
 def _uri(path: Path, query: str) -> str:
@@ -202,7 +204,7 @@ def _check_ours(path: Path) -> dict | None:
     meta["best_view"] = view[0] if view else None
     if meta.get("format") == FORMAT:
         return meta
-    legacy = "format" not in meta and "schema_version" in meta and set(_COLUMNS) - {"l2"} <= columns
+    legacy = "format" not in meta and "schema_version" in meta and set(_COLUMNS) - {"l2", "fallback_us"} <= columns
     if not legacy:
         raise DatabaseError(f"{path}: an SQLite file, but not an l2gen kernel database (no l2gen schema marker); "
                             "it was left as it was: name another file")
@@ -284,6 +286,8 @@ class KernelDB:
             if not readonly and not current:  # a new file, a migration, or a view to refresh
                 if existed and self._meta("schema_version") == "1":
                     self._migrate_v1(conn)
+                if existed and self._meta("schema_version") == "2":
+                    self._migrate_v2(conn)
                 # One transaction: another process opening the file meanwhile sees no schema
                 # (a new file, which it may create too) or all of it with its marker, never
                 # tables without the marker (which would read as a foreign database).
@@ -294,6 +298,8 @@ class KernelDB:
             version = self._meta("schema_version")
             if version == "1":  # read-only: its rows were all timed after the written flush
                 self._rows = _ROWS_V1
+            elif version == "2":  # read-only: no fallback timed
+                self._rows = _ROWS_V2
         except sqlite3.DatabaseError as exc:
             self.close()
             raise DatabaseError(f"{self.path}: not a readable l2gen kernel database ({exc}); move it aside or use another database file") from None
@@ -314,6 +320,14 @@ class KernelDB:
             conn.execute(f"ALTER TABLE measurements ADD COLUMN l2 TEXT NOT NULL DEFAULT '{LEGACY_L2}'")
             if conn.execute("SELECT 1 FROM measurements LIMIT 1").fetchone():
                 conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('l2', ?)", (LEGACY_L2,))
+            conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+    @staticmethod
+    def _migrate_v2(conn: sqlite3.Connection) -> None:
+        """Schema 2 to 3: no row so far recorded the fallback's time (NULL)."""
+        with conn:
+            conn.execute("DROP VIEW IF EXISTS best")
+            conn.execute("ALTER TABLE measurements ADD COLUMN fallback_us REAL")
             conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _conn(self) -> sqlite3.Connection:
@@ -468,6 +482,7 @@ class KernelDB:
         row = (
             name, p.family.value, m.shape.m, m.shape.n, m.shape.k, format_program(p), key, m.status,
             m.time_us, m.baseline_us, m.relerr, m.error, policy, _now(), json.dumps(env or {}, sort_keys=True), m.l2,
+            m.fallback_us,
         )
         conn = self._conn()
         try:
@@ -602,6 +617,21 @@ class KernelDB:
                 here.append((meas.program, float(speedup), float(time_us)))
         return out
 
+    def fallback_speedups(self, gpu: Gpu | str, *, l2: str | None = None, env: dict | None = None) -> dict[tuple[Shape, str], float]:
+        """For every (shape, program key) measured ok on a GPU under an L2 protocol: its
+        speedup over the dispatcher's fallback (torch.matmul timed in the same run), judged
+        by its least favourable run, and only where every one of its runs timed the
+        fallback. ``env`` as for :meth:`best_all`. A program that ever computed a wrong
+        result there has none."""
+        rows = self._rows if env is None else _env_rows(self._rows, env)
+        found = self._query(
+            f"SELECT m, n, k, program_key, MIN(fallback_us / time_us), COUNT(fallback_us), COUNT(*) FROM {rows} AS r "
+            "WHERE gpu = ? AND l2 = ? AND status = 'ok' AND time_us > 0 AND NOT EXISTS ("
+            f"SELECT 1 FROM {rows} AS w WHERE w.gpu = r.gpu AND w.m = r.m AND w.n = r.n AND w.k = r.k "
+            "AND w.program_key = r.program_key AND w.status = 'wrong') "
+            "GROUP BY m, n, k, program_key", (_gpu_name(gpu), self._l2(l2)))
+        return {(Shape(m, n, k), key): float(sp) for m, n, k, key, sp, timed, runs in found if sp is not None and timed == runs}
+
     def count(self, gpu: Gpu | str | None = None) -> int:
         if gpu is None:
             return self._query("SELECT count(*) FROM measurements")[0][0]
@@ -664,7 +694,7 @@ class KernelDB:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for r in records:
-                    r = dict(r, l2=r["l2"] or LEGACY_L2, env=json.dumps(r["env"], sort_keys=True))
+                    r = dict(r, l2=r["l2"] or LEGACY_L2, env=json.dumps(r["env"], sort_keys=True), fallback_us=r.get("fallback_us"))
                     exists = conn.execute(f"SELECT 1 FROM measurements WHERE {' AND '.join(f'{c} IS ?' for c in key_cols)}",
                                           tuple(r[c] for c in key_cols)).fetchone()
                     if exists:
@@ -721,8 +751,10 @@ class KernelDB:
         added = 0
         for row, (program, shape) in zip(rows, programs):
             status = Status.of(row["status"]).value
+            fallback = (row.get("baselines") or {}).get("torch_matmul_us")
             m = Measurement(shape, program, status, time_us=row.get("l2gen_us"), baseline_us=row.get("cublas_best_us"),
-                            relerr=row.get("relerr"), error=row.get("error"), l2=protocol.l2)
+                            relerr=row.get("relerr"), error=row.get("error"), l2=protocol.l2,
+                            fallback_us=fallback if isinstance(fallback, (int, float)) and fallback > 0 else None)
             self.add(m, gpu, "bench", env)
             added += 1
         return added

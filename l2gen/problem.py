@@ -98,6 +98,7 @@ class Measurement:
     relerr: float | None = None
     error: str | None = None
     l2: str = DEFAULT_L2
+    fallback_us: float | None = None  # torch.matmul for the shape (the dispatcher's fallback), same run
 
     @property
     def speedup(self) -> float | None:

@@ -80,6 +80,7 @@ class DeviceEvaluator:
     shared object, ``entry`` its exported symbol, ``knobs`` to pass at launch) and returns
     one dict per candidate, in order, with keys ``status`` (``"ok"``, ``"run_error"``,
     ``"wrong"`` or ``"timeout"``), ``time_us``, ``baseline_us`` (cuBLAS-best, same run),
+    ``fallback_us`` (torch.matmul, same run; optional),
     ``relerr`` and ``error`` (missing keys read as None). It must time the candidates and
     the baseline interleaved in one isolated process (:mod:`l2gen.worker`,
     :mod:`l2gen.measure`).
@@ -147,7 +148,10 @@ def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
     time_us = row.get("time_us")
     if status == "ok" and not (time_us and time_us > 0 and row.get("baseline_us")):
         return Measurement(shape, program, "run_error", relerr=row.get("relerr"), error="worker said ok but gave no time or baseline")
-    return Measurement(shape, program, status, time_us=time_us if status == "ok" else None, baseline_us=row.get("baseline_us"), relerr=row.get("relerr"), error=row.get("error"))
+    fallback = row.get("fallback_us")
+    return Measurement(shape, program, status, time_us=time_us if status == "ok" else None, baseline_us=row.get("baseline_us"),
+                       relerr=row.get("relerr"), error=row.get("error"),
+                       fallback_us=fallback if status == "ok" and isinstance(fallback, (int, float)) and fallback > 0 else None)
 
 
 def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = DEFAULT_ROUNDS, gpu: Gpu | None = None,
@@ -175,6 +179,10 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
     def best_of(results) -> float | None:
         return cublas_best({name: r.time_us for name, r in results.items() if r.ok})
 
+    def fallback_of(results) -> float | None:  # torch.matmul, what an unserved call runs
+        r = results.get("torch_matmul")
+        return r.time_us if r is not None and r.ok else None
+
     def run(shape: Shape, candidates: list) -> list[dict]:
         names = candidate_names([program for _, _, program, _ in candidates])
         wire = [Candidate(name, str(library), entry, format_program(build_program(program)), knobs)
@@ -185,11 +193,13 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
         shared = best_of(outcome.baselines)
         rows = []
         for cand in outcome.candidates:
+            results = cand.baselines if cand.baselines is not None else outcome.baselines
             base = best_of(cand.baselines) if cand.baselines is not None else shared
             status, error = cand.status.value, cand.error
             if status == "ok" and base is None:
                 status, error = "run_error", "no cuBLAS baseline verified and timed in this run"
-            rows.append({"status": status, "time_us": cand.time_us, "baseline_us": base, "relerr": cand.relerr, "error": error})
+            rows.append({"status": status, "time_us": cand.time_us, "baseline_us": base, "fallback_us": fallback_of(results),
+                         "relerr": cand.relerr, "error": error})
         return rows
 
     return run

@@ -283,11 +283,12 @@ def test_a_schema_1_database_reads_as_dirty_and_migrates(tmp_path):
         assert all(m.l2 == "dirty" for s in list(best)[:3] for m in ro.history(H200, s))
     copy = tmp_path / "k.db"
     shutil.copy(SCHEMA1, copy)
-    with KernelDB(copy) as rw:  # opened for writing: schema 2, every row dirty
+    with KernelDB(copy) as rw:  # opened for writing: schema 3 (through 2), every row dirty, no fallback timed
         assert rw.best_all(H200) == best
         conn = sqlite3.connect(copy)
-        assert dict(conn.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == "2"
+        assert dict(conn.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == "3"
         assert conn.execute("SELECT DISTINCT l2 FROM measurements").fetchall() == [("dirty",)]
+        assert conn.execute("SELECT DISTINCT fallback_us FROM measurements").fetchall() == [(None,)]
         conn.close()
         with pytest.raises(ProtocolMismatchError):
             rw.add(ok(program(), 10.0), H200)
@@ -450,3 +451,36 @@ def test_processes_creating_one_new_database_at_once_all_open_it(tmp_path):
         with KernelDB(path) as db:
             assert db._meta("format") == "l2gen-kernel-db"
     assert not failures, failures[:2]
+
+
+def test_a_schema_2_database_reads_without_fallback_times_and_migrates(tmp_path):
+    """Schema 2 had no fallback_us: read-only its rows have none (so no fallback speedup),
+    opened for writing the column is added, NULL, and new rows record it."""
+    path = tmp_path / "v2.db"
+    with KernelDB(path) as db:
+        db.add(ok(program(), 10.0), H200)
+    conn = sqlite3.connect(path)  # make it what an l2gen of schema 2 wrote
+    conn.executescript("DROP VIEW best; CREATE TABLE m2 AS SELECT id, gpu, arch, m, n, k, program_text, program_key, status, "
+                       "time_us, baseline_us, relerr, error, policy, created_at, env, l2 FROM measurements; "
+                       "DROP TABLE measurements; ALTER TABLE m2 RENAME TO measurements; "
+                       "UPDATE meta SET value = '2' WHERE key = 'schema_version';")
+    conn.close()
+    with KernelDB(path, readonly=True) as ro:
+        assert len(ro.best_all(H200)) == 1 and ro.fallback_speedups(H200) == {}
+    with KernelDB(path) as rw:
+        rw.add(replace(ok(program(), 8.0), fallback_us=12.0), H200)
+        assert rw.fallback_speedups(H200) == {}  # the program's first run timed no fallback
+    conn = sqlite3.connect(path)
+    assert dict(conn.execute("SELECT key, value FROM meta").fetchall())["schema_version"] == "3"
+    assert conn.execute("SELECT fallback_us FROM measurements ORDER BY rowid").fetchall() == [(None,), (12.0,)]
+    conn.close()
+
+
+def test_fallback_speedups_are_judged_by_the_least_favourable_run(tmp_path):
+    with KernelDB(tmp_path / "k.db") as db:
+        p = program()
+        db.add(replace(ok(p, 10.0), fallback_us=11.0), H200)
+        db.add(replace(ok(p, 10.0), fallback_us=10.5), H200)
+        assert db.fallback_speedups(H200) == {(SHAPE, program_key(p)): pytest.approx(1.05)}
+        db.add(Measurement(SHAPE, p, "wrong"), H200)  # ever wrong: none
+        assert db.fallback_speedups(H200) == {}

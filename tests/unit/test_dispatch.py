@@ -350,6 +350,30 @@ def test_a_tie_with_cublas_is_not_a_winner(tmp_path):
     tie.close()
 
 
+def test_a_program_that_beats_the_fallback_in_every_run_is_served(tmp_path):
+    """cuBLAS-best (cuBLASLt's auto-tuner) may be out of reach while torch.matmul, what an
+    unserved call runs, is not: a program faster than it by more than MIN_SPEEDUP in every
+    run serves its shape; one that beat it in one run only, or whose runs did not time it,
+    does not."""
+    db = KernelDB(tmp_path / "k.db")
+    wins, once, untimed = Shape(64, 256, 512), Shape(128, 256, 512), Shape(256, 256, 512)
+    for fallback in (10.5, 10.4):  # 1.05x and 1.04x over torch.matmul, 0.9x of cuBLAS-best
+        db.add(Measurement(wins, program(), "ok", time_us=10.0, baseline_us=9.0, fallback_us=fallback), H200)
+    for fallback in (10.5, 10.1):  # the second run 1.01x: not a winner
+        db.add(Measurement(once, program(), "ok", time_us=10.0, baseline_us=9.0, fallback_us=fallback), H200)
+    db.add(Measurement(untimed, program(), "ok", time_us=10.0, baseline_us=9.0), H200)
+    fake = FakeLauncher()
+    d = make(db, fake)
+    for shape in (wins, once, untimed):
+        a, b = arrays(shape.m, shape.n, shape.k)
+        assert np.array_equal(d(a, b), numpy_matmul(a, b))
+    plan = d.plan(wins.m, wins.n, wins.k)
+    assert plan is not None and plan.speedup == pytest.approx(0.9) and plan.over_fallback == pytest.approx(1.04)
+    assert d.plan(once.m, once.n, once.k) is None and d.plan(untimed.m, untimed.n, untimed.k) is None
+    assert [launch[1:4] for launch in fake.launches] == [(64, 256, 512)]
+    db.close()
+
+
 def test_a_database_with_a_winner_is_not_idle(db):
     assert not make(db, FakeLauncher())._idle
     assert make(None, FakeLauncher())._idle
