@@ -156,7 +156,11 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     cm, cn, _ = cfg.cluster
     cs = cm * cn
     stages = cfg.stages or _sm90_auto_stages(cfg, gpu)
-    eff = 0.99 * (1.0 - math.exp(-(t.m * t.n) / 7100.0))
+    # Ping-pong keeps two tiles in flight, one per consumer warpgroup: the tensor cores see
+    # twice the tile's area (its 128x128 measured faster than cooperative 128x256 tiles on
+    # the large public shapes: bench/results/README.md, "The persistent kernel's epilogue").
+    area = t.m * t.n * (2 if cfg.mainloop is Mainloop.PINGPONG else 1)
+    eff = 0.99 * (1.0 - math.exp(-area / 7100.0))
     if cfg.mainloop is Mainloop.WS:
         eff *= 0.9
     elif cfg.mainloop is Mainloop.PINGPONG:
@@ -222,6 +226,9 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     cm, cn, _ = cfg.cluster
     bytes_iter = (min(t.m, shape.m) / cn + min(t.n, shape.n) / cm) * t.k * 2 * (1.0 + 0.05 * penalty)
     t_iter = _overlap(2.0 * t.m * t.n * t.k / (per_sm_flops * eff), bytes_iter / (bw_sm * pipe), 0.1)
+    # Past two CTAs, every stage waits for the slowest of more peers: clusters of four ran
+    # 11-12% slower than pairs on the same tiles (bench/results/README.md, bigmc4-*).
+    t_iter *= 1.0 + 0.06 * max(0, cm * cn - 2)
     t_epi = t.m * t.n * 2 / bw_sm / splits + 0.1
     if splits > 1 and cfg.split_k is SplitK.CLUSTER:
         t_epi += rows * cols * 4 * (splits - 1) / splits / (DSMEM_TBS * 1e6 / gpu.sms) + 0.3
@@ -253,8 +260,10 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         compute = LATENCY_US + per_cta * t_iter + 0.3 * t_out * tiles / grid + 0.7 * t_out + meets * t_sum
         return compute, 0.5, 0.0
     if kn.decomposition is Decomposition.HEURISTIC and l2gen_persistent(cfg, gpu.smem_per_block) and units > gpu.sms * looping:
-        # every epilogue but the last hidden behind the next unit's loads (a guess)
-        compute = LATENCY_US + units / (gpu.sms * looping) * (k_iters * t_iter + 0.3 * t_epi) + 0.7 * t_epi
+        # the next unit's loads go on under the epilogue, but its consumers (the tensor
+        # cores' only users) stage it first: a build without the epilogue ran 4-8% faster
+        # (bench/results/README.md, "The persistent kernel's epilogue")
+        compute = LATENCY_US + units / (gpu.sms * looping) * (k_iters * t_iter + t_epi)
     else:
         compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
