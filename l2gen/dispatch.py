@@ -386,7 +386,7 @@ class Dispatcher:
                 n, k2 = shape_b
             else:
                 k2, n = shape_b
-        except ValueError:  # B not 2-D
+        except ValueError:  # A with no dimension, or B not 2-D
             return None
         state = self._shapes.get((m, n, k))
         if state is _FALLBACK:
