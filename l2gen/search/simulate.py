@@ -50,6 +50,10 @@ INFLIGHT_BYTES = 64 * 1024  # bytes in flight per SM that hide the memory latenc
 SM80_MMA_SYNC = 0.7  # mma.sync's share of the wgmma peak on sm_90
 MAX_THREADS_PER_SM = 2048
 SM90_SETUP_US = 0.6  # TMA descriptor prefetch, barrier init, warp-specialized role setup
+# A cooperative tile's epilogue, which its tensor cores wait out, measured about 2.5 times
+# the time of writing the tile to L2 (1-4 us a 128x256 tile: bench/results/README.md, "The
+# persistent kernel's epilogue").
+EPI_STAGING = 2.5
 DSMEM_TBS = 6.0  # distributed shared memory bandwidth of the whole chip (cluster reduction)
 
 
@@ -179,6 +183,8 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     t_epi = t.m * t.n * 2 / bw_sm * (1.0 if cfg.epilogue is Sm90Epilogue.TMA else 1.3) + 0.1
     if cfg.mainloop is Mainloop.PINGPONG:
         t_epi *= 0.35  # the other consumer warpgroup's mainloop hides most of it
+    else:  # the tensor cores wait while the consumers stage the tile (EPI_STAGING x its write)
+        t_epi *= EPI_STAGING
     k_iters = _ceil(shape.k, t.k)
     mode = "data_parallel" if cfg.scheduler is Scheduler.PERSISTENT else _stream_k_mode(kn, tiles, slots)
     extra, extra_bytes = SM90_SETUP_US + 0.2 * (cs > 1), 0.0
@@ -263,7 +269,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # the next unit's loads go on under the epilogue, but its consumers (the tensor
         # cores' only users) stage it first: a build without the epilogue ran 4-8% faster
         # (bench/results/README.md, "The persistent kernel's epilogue")
-        compute = LATENCY_US + units / (gpu.sms * looping) * (k_iters * t_iter + t_epi)
+        compute = LATENCY_US + units / (gpu.sms * looping) * (k_iters * t_iter + EPI_STAGING * t_epi)
     else:
         compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
