@@ -371,22 +371,20 @@ class Dispatcher:
 
     def _serve(self, a, b, shape_b, out):
         shape_a = a.shape
+        if len(shape_a) == 2:
+            m, k = shape_a
+            lead = None
+        elif len(shape_a) > 2:  # (..., K): the leading dimensions are the rows, served without a view
+            lead, k = shape_a[:-1], shape_a[-1]
+            m = math.prod(lead)
+        else:  # a vector or a scalar: not a matrix product's A
+            return None
         try:
-            if len(shape_a) == 2:
-                m, k = shape_a
-                lead = None
-            else:  # (..., K): the leading dimensions are the rows, served without a view
-                *lead, k = shape_a
-                m = 1
-                for d in lead:
-                    m *= d
-                if not lead:  # 1-D: not a matrix product's A
-                    return None
             if self._nk:
                 n, k2 = shape_b
             else:
                 k2, n = shape_b
-        except ValueError:  # A with no dimension, or B not 2-D
+        except ValueError:  # B not 2-D
             return None
         state = self._shapes.get((m, n, k))
         if state is _FALLBACK:
@@ -398,7 +396,7 @@ class Dispatcher:
             with self._lock:
                 self._unserved_b.add((n, k) if self._nk else (k, n))
             return None
-        if out is not None and (out.shape != (m, n) if lead is None else (tuple(out.shape[:-1]) != tuple(lead) or out.shape[-1] != n)):
+        if out is not None and tuple(out.shape) != ((m, n) if lead is None else (*lead, n)):
             return None
         launcher = self.launcher
         if not launcher.eligible(a, b, out):  # before any build: these operands never launch

@@ -190,11 +190,10 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
         task, timeout = settings.task(shape, wire, gpu)
         with gpu_lock:
             outcome = measure(worker, task, timeout)
-        shared = best_of(outcome.baselines)
         rows = []
         for cand in outcome.candidates:
             results = cand.baselines if cand.baselines is not None else outcome.baselines
-            base = best_of(cand.baselines) if cand.baselines is not None else shared
+            base = best_of(results)
             status, error = cand.status.value, cand.error
             if status == "ok" and base is None:
                 status, error = "run_error", "no cuBLAS baseline verified and timed in this run"
