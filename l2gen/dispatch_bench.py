@@ -1,7 +1,11 @@
 """Is ``l2gen.matmul`` ever slower than ``torch.matmul``? Both timed per shape, in one process.
 
 For every shape three callers compute the same product: ``l2gen.matmul`` (the dispatcher
-over a kernel database), ``torch.matmul``, and ``torch.matmul`` again as a **control**. The
+over a kernel database), ``torch.matmul``, and ``torch.matmul`` again as a **control**.
+With B stored N x K (``b_layout="nk"``, the layout of an ``nn.Linear`` weight ``w``) the
+product is ``a @ w.t()``: ``l2gen.torch_ops.mm(a, w.t())`` (what a patched layer and a
+user's ``a @ w.t()`` call reach; served as stored, without a copy) against
+``torch.matmul(a, w.t())``. The
 control is what "noise" means here: two calls of the same function, timed the same way,
 differ by about that much. Three times are taken for each, interleaved in rotated order, and
 each caller writes to each of three preallocated outputs in turn (a kernel of a few µs runs
@@ -49,17 +53,20 @@ def bench_dispatch(
     tolerance: float = 0.03,
     progress: Callable[[str], None] | None = None,
     l2: str = "clean",
+    b_layout: str = "kn",
 ) -> dict:
     """Time the dispatcher against torch.matmul on each shape; returns the results dict
     (``rows`` of per-shape times and ratios, ``ok`` when every shape passed).
 
     ``db`` becomes ``l2gen.matmul``'s default database for the process (``use_db``), so
-    that the call timed is the public one."""
+    that the call timed is the public one. ``b_layout``: how B is stored, ``"kn"`` or
+    ``"nk"`` (see the module docstring)."""
     import torch
 
     import l2gen
+    from l2gen import torch_ops
 
-    from .dispatch import detect_gpu, use_db
+    from .dispatch import default_dispatcher, detect_gpu, use_db
     from .probes import Flush, Probes, build_probes
     from .protocol import check_l2
     from .runtime import device_info
@@ -69,7 +76,11 @@ def bench_dispatch(
     gpu = detect_gpu()
     if gpu is None:
         raise RuntimeError(f"no l2gen target record for {torch.cuda.get_device_name()}")
-    dispatcher = use_db(db, l2=l2)  # what l2gen.matmul serves from: the call timed is the public one
+    if b_layout not in ("kn", "nk"):
+        raise ValueError(f"b_layout {b_layout!r}: kn or nk")
+    nk = b_layout == "nk"
+    use_db(db, l2=l2)  # what l2gen.matmul and the torch op serve from: the calls timed are the public ones
+    dispatcher = default_dispatcher(nk)
     torch.cuda.init()
     device_flush = Flush(Probes(build_probes()), l2, device_info(torch.cuda.current_device()).l2_bytes)
 
@@ -80,10 +91,12 @@ def bench_dispatch(
         m, n, k = shape.m, shape.n, shape.k
         g = torch.Generator(device="cuda").manual_seed(i)
         a = torch.randn(m, k, generator=g, device="cuda").half()
-        b = torch.randn(k, n, generator=g, device="cuda").half()
+        # B as the product reads it: K x N, or the transpose of an N x K weight (a view)
+        b = torch.randn(n, k, generator=g, device="cuda").half().t() if nk else torch.randn(k, n, generator=g, device="cuda").half()
         outs = [torch.empty(m, n, dtype=torch.half, device="cuda") for _ in CALLERS]
+        ours = torch_ops.mm if nk else l2gen.matmul
         callers = {
-            "l2gen": lambda out: l2gen.matmul(a, b, out=out),
+            "l2gen": lambda out: ours(a, b, out=out),
             "torch": lambda out: torch.matmul(a, b, out=out),
             "control": lambda out: torch.matmul(a, b, out=out),
         }
@@ -120,7 +133,7 @@ def bench_dispatch(
     return {
         "gpu": gpu.name, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(),
-        "db": str(getattr(db, "path", db)), "mode": "events", "l2": l2, "reps": reps, "rounds": rounds, "tolerance": tolerance,
+        "db": str(getattr(db, "path", db)), "b_layout": b_layout, "mode": "events", "l2": l2, "reps": reps, "rounds": rounds, "tolerance": tolerance,
         "rows": rows, "ok": all(r["ok"] for r in rows),
     }
 

@@ -273,7 +273,8 @@ def cmd_bench_dispatch(args) -> int:
     if args.out:
         output_file(args.out, "-o")
     try:
-        results = bench_dispatch(shapes, args.db, reps=args.reps, rounds=args.rounds, tolerance=args.tolerance, progress=eprint, l2=args.l2)
+        results = bench_dispatch(shapes, args.db, reps=args.reps, rounds=args.rounds, tolerance=args.tolerance, progress=eprint, l2=args.l2,
+                                 b_layout=_layout(args))
     except ProbeError as exc:
         raise fail("E-PROBES", f"cannot build the timing probes: {exc}") from None
     except RuntimeError as exc:
@@ -388,6 +389,8 @@ def add_commands(sub) -> None:
     p.add_argument("--db", required=True, help="the kernel database the dispatcher serves from")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable)")
     p.add_argument("--suite", help="a suite JSON file, e.g. suites/public.json")
+    p.add_argument("--b", choices=("kn", "nk"), default=None,
+                   help="how B is stored: kn (a @ b) or nk (a @ w.t(), an nn.Linear weight; default: the suite's, else kn)")
     p.add_argument("--reps", type=at_least(MIN_REPS), default=200, help="event-timed calls per median")
     p.add_argument("--rounds", type=at_least(1), default=15, help="back-to-back loops per wall-time median")
     p.add_argument("--tolerance", type=positive_float, default=0.03, help="largest slowdown that counts as noise")
