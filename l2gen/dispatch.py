@@ -156,6 +156,11 @@ class _Ready:
 
 
 _FALLBACK = object()  # a shape served by the fallback for good
+FALLBACK = _FALLBACK  # what Dispatcher.hot returns for such a shape
+
+# How many (A shape, B shape) pairs a dispatcher's hot table holds before it starts over
+# (a server whose token counts vary makes many; each is remade on its next call).
+HOT_ENTRIES = 4096
 
 
 def bucket(shape: Shape) -> tuple[int, int, int]:
@@ -260,6 +265,10 @@ class Dispatcher:
         # like ``_shapes`` it holds for the database read here and the ``nearby`` setting
         # of those calls.
         self._unserved_b: set[tuple[int, int]] = set()
+        # What the torch op's eager path looks up first (:meth:`hot`): operand shapes as
+        # torch gives them (A's, B's as stored) -> the shape's verified _Ready, or _FALLBACK
+        # where the shapes alone send it to the fallback. Filled by _serve.
+        self._hot: dict = {}
         # Nothing plan() could serve, exactly or nearby: every call goes straight to the fallback.
         self._idle = not (self._winner_kn or self._nearby_nk)
         # What ``l2gen.matmul`` calls when this is its default dispatcher: the fallback
@@ -388,6 +397,7 @@ class Dispatcher:
             return None
         state = self._shapes.get((m, n, k))
         if state is _FALLBACK:
+            self._remember(shape_a, shape_b, _FALLBACK)
             return None
         if k != k2:
             stored = f"{n} x {k2} (N x K)" if self._nk else f"{k2} x {n}"
@@ -395,6 +405,7 @@ class Dispatcher:
         if state is None and not self._serves_some_m(k, n):  # first call of this shape
             with self._lock:
                 self._unserved_b.add((n, k) if self._nk else (k, n))
+            self._remember(shape_a, shape_b, _FALLBACK)
             return None
         if out is not None and tuple(out.shape) != ((m, n) if lead is None else (*lead, n)):
             return None
@@ -421,7 +432,24 @@ class Dispatcher:
             if not err <= MAX_RELERR:  # NaN fails too; the caller's fallback writes over c
                 return self._give_up(m, n, k, f"first result disagrees with the fallback (relative error {err:.2e})")
             state.verified = True
+        if state.verified or not self.verify:
+            self._remember(shape_a, shape_b, state)
         return c
+
+    def hot(self, shape_a, shape_b) -> Any:
+        """For operands of these shapes (A's and B's as stored, e.g. ``torch.Size``): the
+        shape's prepared state if a call served them (its first result checked), the
+        ``FALLBACK`` marker if their shapes alone send them to the fallback, None if
+        unknown (a call through :meth:`serve` finds out). What the torch op's eager path
+        looks up before anything else; a served state still needs operands the kernel
+        takes, which that path checks."""
+        return self._hot.get((shape_a, shape_b))
+
+    def _remember(self, shape_a, shape_b, state) -> None:
+        hot = self._hot
+        if len(hot) >= HOT_ENTRIES:
+            hot.clear()
+        hot[(shape_a, shape_b)] = state
 
     def _prepare(self, m: int, n: int, k: int, like) -> Any:
         with self._lock:
@@ -480,6 +508,7 @@ class Dispatcher:
         with self._lock:
             state = self._shapes.get((m, n, k))
             self._shapes[(m, n, k)] = _FALLBACK
+            self._hot.clear()  # it may hold the state given up (remade on the next calls)
         name = state.plan.program.name if isinstance(state, _Ready) else "?"
         log.warning("l2gen: %dx%dx%d: %s: %s; using the fallback for this shape from now on", m, n, k, name, why)
 

@@ -193,7 +193,60 @@ def _records_grad(a, b, bias) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias))
 
 
+# Plain tensors: what the hot path takes (torch.compile's fake and functional tensors, and
+# other subclasses, take the op's full path).
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_F16 = torch.float16
+_NONE = object()
+
+
+def _hot(a, b, b_nk: bool, out):
+    """The eager call without a bias, by what the dispatcher learnt of these operand shapes
+    (:meth:`l2gen.dispatch.Dispatcher.hot`): torch's result where the shapes alone send it
+    to torch, the kernel's where a verified program serves them and the operands are what
+    it takes, else NotImplemented (the full path decides, and teaches the dispatcher).
+
+    A call of a few microseconds is bound by the host, so this path reads as few tensor
+    attributes as it can (each is a call into torch). What it leaves out, the kernel's entry
+    checks: a misaligned operand gets an error code back, before any launch, and the full
+    path then hands the call to torch."""
+    d = dispatch.default_dispatcher(b_nk)
+    state = d.hot(a.shape, b.shape)
+    if state is None:
+        return NotImplemented
+    if state is dispatch.FALLBACK:  # torch computes these shapes (autograd and autocast as usual)
+        if out is None:
+            return _reference(a, b, b_nk, None)
+        _reference_out(a, b, b_nk, None, out)
+        return out
+    if a.dtype is not _F16 or b.dtype is not _F16 or _autocasting(a) is not None:
+        return NotImplemented
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return NotImplemented
+    device = a.get_device()
+    if _device_type(a) not in SERVED_DEVICES or b.get_device() != device or not (a.is_contiguous() and b.is_contiguous()):
+        return NotImplemented
+    if out is None:
+        c = a.new_empty(a.shape[:-1] + (state.n,))
+    elif (out.dtype is not _F16 or out.get_device() != device or not out.is_contiguous()
+          or out.shape != a.shape[:-1] + (state.n,)):
+        return NotImplemented
+    else:
+        c = out
+    stream = d.launcher.stream(a)
+    workspace = state.workspaces.get(stream, _NONE)
+    if workspace is _NONE:  # a stream's first call (or a graph capture): the full path makes one
+        return NotImplemented
+    if state.run(a, b, c, workspace, stream) != 0:  # refused before launching (alignment, say)
+        return NotImplemented
+    return c
+
+
 def _call(a, b, b_nk: bool, bias, out):
+    if bias is None and type(a) in _PLAIN and type(b) in _PLAIN and not torch.compiler.is_compiling():
+        c = _hot(a, b, b_nk, out)
+        if c is not NotImplemented:
+            return c
     if not _fits(a, b, bias):
         if out is None:
             return _reference(a, b, b_nk, bias)

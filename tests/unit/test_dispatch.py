@@ -734,3 +734,47 @@ def test_a_launcher_without_bind_is_launched_per_call_as_before(db):
     out = np.empty((64, 256), np.float16)
     assert run(a, b, out, bytearray(16), 0) == 0 and np.array_equal(out, numpy_matmul(a, b))
     assert fake.launches == [(("kernel", "p", BLayout.KN), 64, 256, 512, program().knobs, 256)]
+
+
+def test_the_hot_table_learns_served_and_fallback_shapes_from_calls(db):
+    d = make(db, FakeLauncher())
+    a, b = arrays(64, 256, 512)
+    assert d.hot(a.shape, b.shape) is None  # nothing called yet
+    d(a, b)
+    state = d.hot(a.shape, b.shape)
+    assert state is not None and state is not dispatch.FALLBACK and (state.m, state.n, state.k) == (64, 256, 512)
+    a2, b2 = arrays(128, 128, 128)  # recorded, but slower than cuBLAS: the fallback's
+    d(a2, b2)
+    assert d.hot(a2.shape, b2.shape) is dispatch.FALLBACK
+    a3, b3 = arrays(8, 24, 40)  # a B shape that serves no M
+    d(a3, b3)
+    assert d.hot(a3.shape, b3.shape) is dispatch.FALLBACK
+
+
+def test_the_hot_table_never_learns_from_operands_the_kernel_refused(db):
+    d = make(db, FakeLauncher())
+    a, b = arrays(64, 256, 512)
+    d(a.astype(np.float32), b.astype(np.float32))  # ineligible operands: not a fact about the shapes
+    assert d.hot(a.shape, b.shape) is None
+    d(a, b, out=np.empty((256, 64), np.float16).T)  # an out= the kernel cannot write: the same
+    assert d.hot(a.shape, b.shape) is None
+
+
+def test_a_shape_given_up_leaves_the_hot_table(db):
+    d = make(db, FakeLauncher(wrong=True))  # its first result disagrees: given up
+    a, b = arrays(64, 256, 512)
+    d(a, b)
+    assert d.hot(a.shape, b.shape) is dispatch.FALLBACK or d.hot(a.shape, b.shape) is None
+    d(a, b)
+    assert d.hot(a.shape, b.shape) is dispatch.FALLBACK
+
+
+def test_the_hot_table_starts_over_when_full(db, monkeypatch):
+    monkeypatch.setattr(dispatch, "HOT_ENTRIES", 3)
+    d = make(db, FakeLauncher())
+    shapes = [(8, 24, 40), (8, 24, 48), (8, 24, 56), (8, 24, 64)]
+    for m, n, k in shapes:
+        d(*arrays(m, n, k))
+    assert len(d._hot) <= 3
+    a, b = arrays(*shapes[-1])
+    assert d.hot(a.shape, b.shape) is dispatch.FALLBACK  # the newest is kept

@@ -320,3 +320,63 @@ def test_eager_inference_skips_the_ops_dispatch_and_autograd_or_compile_use_it(s
     x.requires_grad_(True)
     y = linear(x, w)  # a gradient to record: through the op and its autograd
     assert len(calls) == 1 and y.grad_fn is not None and len(served_on_cpu.launches) == 2
+
+
+# -- the hot path: eager calls of shapes the dispatcher has seen ---------------------------
+
+
+def counting_serve(monkeypatch, layout=BLayout.NK):
+    """Counts the calls that went through the dispatcher's full path (``serve``)."""
+    from l2gen import dispatch
+
+    d = dispatch.default_dispatcher(layout is BLayout.NK)
+    calls = []
+    real = d.serve
+    monkeypatch.setattr(d, "serve", lambda *args: calls.append(args) or real(*args))
+    return calls
+
+
+def test_a_served_shapes_later_calls_take_the_hot_path(served_on_cpu, monkeypatch):
+    serves = counting_serve(monkeypatch)
+    x, w = randn(64, 512), randn(256, 512)
+    with torch.no_grad():
+        first = linear(x, w)
+        assert len(serves) == 1 and len(served_on_cpu.launches) == 1
+        for _ in range(3):
+            assert torch.equal(linear(x, w), first)
+        out = torch.empty(64, 256, dtype=torch.float16)
+        assert linear(x, w, out=out) is out and torch.equal(out, first)
+    assert len(serves) == 1 and len(served_on_cpu.launches) == 5  # launched each time, looked up once
+    assert served_on_cpu.launches[-1]["c"] == out.data_ptr() and served_on_cpu.launches[-1]["b"] == w.data_ptr()
+
+
+def test_a_fallback_shapes_later_calls_go_straight_to_torch(served_on_cpu, monkeypatch):
+    serves = counting_serve(monkeypatch)
+    x, w = randn(64, 256), randn(256, 256)  # a B shape nothing serves
+    for _ in range(3):
+        assert torch.equal(linear(x, w), F.linear(x, w))
+    assert len(serves) == 1 and served_on_cpu.launches == []
+    x.requires_grad_(True)  # torch's own call keeps its autograd
+    y = linear(x, w)
+    assert y.grad_fn is not None and len(serves) == 1
+
+
+def test_the_hot_path_hands_what_the_kernel_cannot_take_to_the_full_path(served_on_cpu, monkeypatch):
+    serves = counting_serve(monkeypatch)
+    x, w = randn(64, 512), randn(256, 512)
+    with torch.no_grad():
+        linear(x, w)  # learnt: served
+    cases = [
+        (x.float(), w.float(), None),                        # not fp16
+        (randn(512, 64).t(), w, None),                       # A not contiguous
+        (x, w, torch.empty(256, 64, dtype=torch.float16).t()),  # out not contiguous
+    ]
+    for a, b, out in cases:
+        with torch.no_grad():
+            got = linear(a, b) if out is None else linear(a, b, out=out)
+        assert torch.equal(got, F.linear(a, b))
+    assert len(serves) == 1 + len(cases) - 1  # the out= it cannot write goes to torch before the dispatcher
+    assert len(served_on_cpu.launches) == 1
+    x.requires_grad_(True)
+    assert linear(x, w).grad_fn is not None  # a gradient to record: through the op
+    assert linear(x, w, randn(256)).shape == (64, 256)  # a bias: the full path adds it
