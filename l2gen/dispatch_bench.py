@@ -14,7 +14,11 @@ spreads that over all three):
 
 - **device**: CUDA events around one call, the L2 left before it as the L2 protocol says
   (clean by default: :class:`l2gen.probes.Flush`, on torch's current stream); the median
-  of ``reps``.
+  of ``reps``. Between the flush and the first event the GPU spins for about 100 µs
+  (``torch.cuda._sleep``), so that the host's way into the call (Python, the lookup) is
+  over before the GPU reaches the event: without it a slow host's time lands inside the
+  span of a short kernel, and a caller with more Python in front of its launch reads slower
+  on the device than it is.
 - **wall per call**: ``calls`` calls back to back, then a synchronize; wall time over
   ``calls``, the median of ``rounds``. This includes the host's cost per call (Python, the
   lookup, the launch), which is what a caller sees once kernels are short.
@@ -41,6 +45,7 @@ from .bench import git_commit
 from .problem import Shape
 
 WALL_TARGET_US = 20_000.0  # each wall-time loop runs about this long
+SPIN_CYCLES = 200_000  # the GPU's wait before each event-timed call: ~100 us at 2 GHz
 CALLERS = ("l2gen", "torch", "control")
 
 
@@ -157,6 +162,7 @@ def _device_times(callers: dict, outs: list, flush, reps: int) -> dict[str, floa
     for r in range(reps):
         for name, j in rotation(names, r):
             flush()
+            torch.cuda._sleep(SPIN_CYCLES)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             callers[name](outs[j])
