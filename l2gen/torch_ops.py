@@ -56,8 +56,9 @@ def _reference(a, b, b_nk: bool, bias):
     return torch.matmul(a, b) + bias
 
 
-def _reference_out(a, b, b_nk: bool, bias, out) -> None:
-    torch.matmul(a, b.mT if b_nk else b, out=out)
+def _reference_out(a, b, b_nk: bool, bias, out, view=None) -> None:
+    # view: B as the product reads it (b.mT for b stored N x K), where the caller has it
+    torch.matmul(a, (b.mT if view is None else view) if b_nk else b, out=out)
     if bias is not None:
         out.add_(bias)
 
@@ -200,7 +201,7 @@ _F16 = torch.float16
 _NONE = object()
 
 
-def _hot(a, b, b_nk: bool, out):
+def _hot(a, b, b_nk: bool, out, view):
     """The eager call without a bias, by what the dispatcher learnt of these operand shapes
     (:meth:`l2gen.dispatch.Dispatcher.hot`): torch's result where the shapes alone send it
     to torch, the kernel's where a verified program serves them and the operands are what
@@ -217,7 +218,7 @@ def _hot(a, b, b_nk: bool, out):
     if state is dispatch.FALLBACK:  # torch computes these shapes (autograd and autocast as usual)
         if out is None:
             return _reference(a, b, b_nk, None)
-        _reference_out(a, b, b_nk, None, out)
+        _reference_out(a, b, b_nk, None, out, view)
         return out
     if a.dtype is not _F16 or b.dtype is not _F16 or _autocasting(a) is not None:
         return NotImplemented
@@ -242,9 +243,11 @@ def _hot(a, b, b_nk: bool, out):
     return c
 
 
-def _call(a, b, b_nk: bool, bias, out):
+def _call(a, b, b_nk: bool, bias, out, view=None):
+    """``view``: for b stored N x K, the K x N view of it the caller was given, if any (a
+    view costs a microsecond of host time to make again)."""
     if bias is None and type(a) in _PLAIN and type(b) in _PLAIN and not torch.compiler.is_compiling():
-        c = _hot(a, b, b_nk, out)
+        c = _hot(a, b, b_nk, out, view)
         if c is not NotImplemented:
             return c
     if not _fits(a, b, bias):
@@ -264,7 +267,7 @@ def _call(a, b, b_nk: bool, bias, out):
             return _mm_impl(a, b, b_nk, bias)
         return torch.ops.l2gen.mm(a, b, b_nk, bias)
     if dtype is not None or _records_grad(a, b, bias):
-        _reference_out(a, b, b_nk, bias, out)  # torch's own call (and refusal: out= has no autograd)
+        _reference_out(a, b, b_nk, bias, out, view)  # torch's own call (and refusal: out= has no autograd)
         return out
     if not torch.compiler.is_compiling():  # as above; out= records no gradient
         _mm_out_impl(a, b, b_nk, bias, out)
@@ -282,8 +285,10 @@ def mm(a, b, *, bias=None, out=None):
     ``a`` is (..., K). ``bias``: N values added to every row. ``out``: written and returned
     (as with ``torch.matmul(out=)``, not differentiable).
     """
-    if isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_contiguous() and b.t().is_contiguous():
-        return _call(a, b.t(), True, bias, out)
+    if isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_contiguous():
+        stored = b.t()
+        if stored.is_contiguous():
+            return _call(a, stored, True, bias, out, b)
     return _call(a, b, False, bias, out)
 
 
