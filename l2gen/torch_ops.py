@@ -286,6 +286,13 @@ def mm(a, b, *, bias=None, out=None):
     (as with ``torch.matmul(out=)``, not differentiable).
     """
     if isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_contiguous():
+        shape, stride = b.shape, b.stride()
+        if (stride[0] == 1 and stride[1] == shape[0] and bias is None and type(a) in _PLAIN and type(b) in _PLAIN
+                and not torch.compiler.is_compiling()
+                and dispatch.default_dispatcher(True).hot(a.shape, (shape[1], shape[0])) is dispatch.FALLBACK):
+            # the transpose of a row-major weight, of shapes torch computes: torch's call as
+            # written, before making the stored view (a microsecond or more of host time)
+            return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
         stored = b.t()
         if stored.is_contiguous():
             return _call(a, stored, True, bias, out, b)

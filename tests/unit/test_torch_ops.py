@@ -380,3 +380,18 @@ def test_the_hot_path_hands_what_the_kernel_cannot_take_to_the_full_path(served_
     x.requires_grad_(True)
     assert linear(x, w).grad_fn is not None  # a gradient to record: through the op
     assert linear(x, w, randn(256)).shape == (64, 256)  # a bias: the full path adds it
+
+
+def test_a_transposed_weight_of_known_fallback_shapes_goes_to_torch_as_written(served_on_cpu, monkeypatch):
+    serves = counting_serve(monkeypatch)
+    x, w = randn(64, 256), randn(256, 256)  # nothing serves a 256 x 256 weight
+    for _ in range(3):
+        assert torch.equal(mm(x, w.t()), torch.matmul(x, w.t()))
+    out = torch.empty(64, 256, dtype=torch.float16)
+    assert mm(x, w.t(), out=out) is out and torch.equal(out, torch.matmul(x, w.t()))
+    assert len(serves) == 1 and served_on_cpu.launches == []
+    x2, w2 = randn(64, 512), randn(256, 512)  # a served weight's transpose is still served as stored
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(mm(x2, w2.t()), torch.matmul(x2, w2.t()))
+    assert [l["b"] for l in served_on_cpu.launches] == [w2.data_ptr()] * 2
