@@ -44,6 +44,9 @@ def main() -> int:
     ap.add_argument("--decompositions", default="heuristic", help="comma-separated, e.g. heuristic,data_parallel")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--once", action="store_true", help="one launch per setting (for ncu)")
+    ap.add_argument("--sustained", type=int, default=0, metavar="CALLS",
+                    help="also time CALLS calls back to back per setting, in --reps rotated blocks: the per-call time "
+                         "under sustained load (clocks and power as a loop of large GEMMs leaves them)")
     ap.add_argument("--no-verify", action="store_true",
                     help="time settings whose result is wrong too (builds that skip work on purpose)")
     args = ap.parse_args()
@@ -126,8 +129,21 @@ def main() -> int:
                 ev[1].record()
                 torch.cuda.synchronize()
                 out[label].append(ev[0].elapsed_time(ev[1]) * 1e3)
+    sustained = {label: [] for label, _ in settings}
+    for rep in range(args.reps if args.sustained > 0 else 0):
+        for i in range(len(settings)):
+            label, launch = settings[(i + rep) % len(settings)]
+            ev[0].record()
+            for _ in range(args.sustained):
+                launch()
+            ev[1].record()
+            torch.cuda.synchronize()
+            sustained[label].append(ev[0].elapsed_time(ev[1]) * 1e3 / args.sustained)
     for label, _ in settings:
-        print(f"{label:60s}  warm {statistics.median(warm[label]):7.2f} us  cold {statistics.median(cold[label]):7.2f} us")
+        line = f"{label:60s}  warm {statistics.median(warm[label]):7.2f} us  cold {statistics.median(cold[label]):7.2f} us"
+        if sustained[label]:
+            line += f"  sustained {statistics.median(sustained[label]):7.2f} us ({args.sustained} back to back)"
+        print(line)
     return 0
 
 
