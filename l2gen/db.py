@@ -40,6 +40,7 @@ import subprocess
 import threading
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from .ir import BLayout, Program
@@ -710,11 +711,13 @@ class KernelDB:
             raise DatabaseError(f"{path}: bad measurement record: {exc!r}") from None
         return added
 
-    def import_bench(self, path: str | Path) -> int:
+    def import_bench(self, path: str | Path, *, skip: Iterable[Shape] = ()) -> int:
         """Add the rows of an ``l2gen bench`` results file as measurements (policy "bench"):
         each program x shape with its verified time against the same run's cuBLAS-best,
-        under the file's L2 protocol (``dirty`` for a file without one). Returns how many
-        rows were added. Rows from another GPU raise GpuMismatchError; a file timed under
+        under the file's L2 protocol (``dirty`` for a file without one), except the rows of
+        the shapes in ``skip`` (a shape whose measured winner is known to lose elsewhere,
+        say under sustained load, where these event-timed rows would have it served). Returns
+        how many rows were added. Rows from another GPU raise GpuMismatchError; a file timed under
         another L2 protocol than the database's, or in graph or server mode (the database
         ranks events-mode speedups), raises ProtocolMismatchError."""
         from .diagnostics import DiagnosticError
@@ -749,7 +752,10 @@ class KernelDB:
             except DiagnosticError as exc:  # a row this l2gen cannot read back: say which
                 raise DatabaseError(f"{path}: rows[{i}] ({row.get('program')!r}) is not an l2gen program: {exc}") from None
         added = 0
+        skip = set(skip)
         for row, (program, shape) in zip(rows, programs):
+            if shape in skip:
+                continue
             status = Status.of(row["status"]).value
             fallback = (row.get("baselines") or {}).get("torch_matmul_us")
             m = Measurement(shape, program, status, time_us=row.get("l2gen_us"), baseline_us=row.get("cublas_best_us"),

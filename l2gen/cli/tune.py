@@ -12,6 +12,18 @@ from ..timing import DEFAULT_ROUNDS, MIN_REPS
 from ..validate import at_least, fraction, output_file, write_atomic
 
 
+def shape_arg(text: str):
+    """An argparse type: 'MxNxK' as a Shape (argparse reports the error)."""
+    import argparse
+
+    from ..problem import Shape
+
+    try:
+        return Shape.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _learn_library_ranking(args, policy) -> None:
     """Rank the library's settings by a model learned from measurements where there are
     enough: this run's database, the serving database and the measured rows shipped for
@@ -214,8 +226,9 @@ def _db_action(args, db) -> None:
         n = db.export_json(args.file)
         print(f"exported {n} measurements to {args.file}")
     elif args.action == "import-bench":
-        n = db.import_bench(args.file)
-        print(f"added {n} measured rows from {args.file}")
+        n = db.import_bench(args.file, skip=args.skip_shape or ())
+        skipped = f" (left out: {', '.join(map(str, args.skip_shape))})" if args.skip_shape else ""
+        print(f"added {n} measured rows from {args.file}{skipped}")
     else:
         n = db.import_json(args.file)
         print(f"imported {n} measurements from {args.file}")
@@ -312,5 +325,9 @@ def add_commands(sub, shapes_of, layout_of) -> None:
         a.add_argument("--db", default="l2gen-kernels.db")
         a.add_argument("-v", "--verbose", action="store_true")
         a.set_defaults(func=cmd_db)
+        if action == "import-bench":
+            a.add_argument("--skip-shape", action="append", type=shape_arg, metavar="MxNxK",
+                           help="leave this shape's rows out (repeatable): a shape whose event-timed winner is known to "
+                                "lose where it would be served, e.g. under sustained load")
         if not needs_file:
             a.set_defaults(file=None)

@@ -484,3 +484,22 @@ def test_fallback_speedups_are_judged_by_the_least_favourable_run(tmp_path):
         assert db.fallback_speedups(H200) == {(SHAPE, program_key(p)): pytest.approx(1.05)}
         db.add(Measurement(SHAPE, p, "wrong"), H200)  # ever wrong: none
         assert db.fallback_speedups(H200) == {}
+
+
+def test_import_bench_can_leave_shapes_out(tmp_path):
+    from pathlib import Path
+
+    from l2gen.cli import main
+    from l2gen.db import KernelDB
+    from l2gen.problem import Shape
+
+    results = Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-examples-public-run2.json"
+    big = Shape(16384, 16384, 16384)
+    with KernelDB(tmp_path / "h200.db") as db:
+        assert db.import_bench(results, skip=[big, Shape(1, 2, 3)]) == 144 - 6  # six programs timed on it
+        assert db.best("h200", big) is None and len(db.best_all("h200")) == 23
+    db = str(tmp_path / "cli.db")
+    assert main(["db", "import-bench", str(results), "--db", db, "--skip-shape", "16384x16384x16384"]) == 0
+    with KernelDB(db, readonly=True) as kdb:
+        assert kdb.count() == 138
+    assert main(["db", "import-bench", str(results), "--db", db, "--skip-shape", "16384x16384"]) == 2  # a usage error
