@@ -15,7 +15,10 @@ shape once before the capture: the first call of a shape builds or loads its ker
 :func:`linear` are the entries to call. In eager mode with no gradient to record (inference:
 ``torch.no_grad``, ``torch.inference_mode``, or no operand requiring grad) they run the op's
 implementation without dispatching the op, which would add tens of microseconds of host time
-to every call; traced by torch.compile, or with autograd, they call the op.
+to every call; traced by torch.compile, or with autograd, they call the op. Before any of
+that, an eager call without a bias looks its operand shapes up in what the dispatcher learnt
+from earlier calls (:meth:`l2gen.dispatch.Dispatcher.hot`): shapes torch computes go to
+torch at once, served ones launch after a few checks of the operands.
 
 A call is served by the default dispatcher of B's layout (:func:`l2gen.dispatch.dispatcher`,
 :func:`l2gen.dispatch.use_db`) when its operands are fp16 CUDA tensors, B contiguous as
