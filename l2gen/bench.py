@@ -29,7 +29,11 @@ The results file (JSON)::
                "cublas_us", "cublas_tt_us", "cublaslt_heuristic_us",
                "cublaslt_autotuned_us"}, "cublas_best_us", "speedup_vs_best",
                with rounds > 1 also "round_us": [per-round median],
-               "baseline_round_us": {"<baseline>_us": [...]}; in graph or server mode
+               "baseline_round_us": {"<baseline>_us": [...]}; "batch_us" and
+               "baseline_batch_us": {"<baseline>_us": ...}, the event time per call of each
+               one's back-to-back batch (the escape check's, after the timed runs: the
+               per-call time under sustained load, clocks and power as a loop leaves them);
+               in graph or server mode
                "graph" / "server" (that mode's figures: calls, medians and means) and
                "baseline_graph" / "baseline_server" ({"<baseline>_us": {...}})}],
      "shapes": [{"m", "n", "k", "best_program", "l2gen_us", "baselines",
@@ -242,6 +246,7 @@ def make_row(shape: Shape, program: str, text: str, cand: RunResult, base: Mappi
         "cublas_best_us": best,
         "speedup_vs_best": best / t if t and best else None,
         **_rounds(cand, base, names),
+        **_batches(cand, base, names),
         **_mode_figures(cand, base, names),
     }
 
@@ -269,6 +274,20 @@ def _rounds(cand: RunResult, base: Mapping[str, RunResult], names: Sequence[str]
     return {"round_us": cand.figures["round_us"],
             "baseline_round_us": {result_key(n): base[n].figures["round_us"] for n in names
                                   if n in base and "round_us" in base[n].figures}}
+
+
+def _batch_us(result: RunResult | None) -> float | None:
+    ev = result.figures.get("event_vs_wall") if result is not None and result.ok else None
+    return _finite(ev.get("batch_event_us")) if isinstance(ev, Mapping) and ev.get("batch_event_us") is not None else None
+
+
+def _batches(cand: RunResult, base: Mapping[str, RunResult], names: Sequence[str]) -> dict:
+    """The event time per call of the program's and each baseline's back-to-back batch,
+    where the run timed one (the time a loop of calls sees once clocks and power settle)."""
+    own = _batch_us(cand)
+    if own is None:
+        return {}
+    return {"batch_us": own, "baseline_batch_us": {result_key(n): _batch_us(base.get(n)) for n in names}}
 
 
 def shape_summary(shape: Shape, rows: Sequence[dict], base: Mapping[str, RunResult],

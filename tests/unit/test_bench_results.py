@@ -439,3 +439,18 @@ def test_the_baselines_alone(tmp_path, monkeypatch):
     assert res["rows"] == [] and res["shapes"][0]["cublas_best_us"] == 9.5
     assert "[bench] no programs: timing the baselines alone" in lines
     assert "9.50" in bench_mod.format_table(res)
+
+
+def test_a_row_carries_each_back_to_back_batchs_time_per_call():
+    def batch(us):
+        return {"event_vs_wall": {"event_us": 1.0, "wall_us": us, "host_us": 1.0, "batch": 10, "batch_event_us": us}}
+
+    base = ok_baselines()
+    for name, us in (("torch_matmul", 12.0), ("cublas", 11.5)):
+        base[name].update(batch(us))
+    row = make_row(Shape(64, 4096, 4096), "p", "", {"status": "ok", "time_us": 8.0, **batch(9.0)}, base, FLOORS)
+    assert row["batch_us"] == 9.0
+    assert row["baseline_batch_us"]["torch_matmul_us"] == 12.0 and row["baseline_batch_us"]["cublas_us"] == 11.5
+    assert row["baseline_batch_us"]["cublaslt_autotuned_us"] is None  # it timed no batch
+    plain = make_row(Shape(64, 4096, 4096), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), FLOORS)
+    assert "batch_us" not in plain and "baseline_batch_us" not in plain
