@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .diagnostics import Diagnostic, UsageError
 from .ir import NOWHERE, Span
+from .problem import Shape
 
 # The kernels take M, N, K and leading dimensions as 32-bit ints.
 MAX_DIM = 2**31 - 1
@@ -80,6 +81,14 @@ def positive_float(text: str) -> float:
 
 
 positive_float.__name__ = "positive number"
+
+
+def gemm_shape(text: str) -> Shape:
+    """An argparse ``type=`` for a GEMM shape, ``MxNxK`` (a :class:`~l2gen.problem.Shape`)."""
+    try:
+        return Shape.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fraction(text: str) -> float:

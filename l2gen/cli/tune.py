@@ -9,19 +9,7 @@ from .common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
 from .model import add_model_options
 from ..protocol import DEFAULT_L2, L2_PROTOCOLS
 from ..timing import DEFAULT_ROUNDS, MIN_REPS
-from ..validate import at_least, fraction, output_file, write_atomic
-
-
-def shape_arg(text: str):
-    """An argparse type: 'MxNxK' as a Shape (argparse reports the error)."""
-    import argparse
-
-    from ..problem import Shape
-
-    try:
-        return Shape.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from ..validate import at_least, fraction, gemm_shape, output_file, write_atomic
 
 
 def _learn_library_ranking(args, policy) -> None:
@@ -326,7 +314,7 @@ def add_commands(sub, shapes_of, layout_of) -> None:
         a.add_argument("-v", "--verbose", action="store_true")
         a.set_defaults(func=cmd_db)
         if action == "import-bench":
-            a.add_argument("--skip-shape", action="append", type=shape_arg, metavar="MxNxK",
+            a.add_argument("--skip-shape", action="append", type=gemm_shape, metavar="MxNxK",
                            help="leave this shape's rows out (repeatable): a shape whose event-timed winner is known to "
                                 "lose where it would be served, e.g. under sustained load")
         if not needs_file:
