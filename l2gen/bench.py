@@ -278,7 +278,7 @@ def _rounds(cand: RunResult, base: Mapping[str, RunResult], names: Sequence[str]
 
 def _batch_us(result: RunResult | None) -> float | None:
     ev = result.figures.get("event_vs_wall") if result is not None and result.ok else None
-    return _finite(ev.get("batch_event_us")) if isinstance(ev, Mapping) and ev.get("batch_event_us") is not None else None
+    return _finite(ev.get("batch_event_us")) if isinstance(ev, Mapping) else None
 
 
 def _batches(cand: RunResult, base: Mapping[str, RunResult], names: Sequence[str]) -> dict:
