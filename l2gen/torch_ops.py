@@ -179,9 +179,10 @@ def _fits(a, b, bias) -> bool:
 _AUTOCAST_DEVICES = ("cuda", "cpu")
 
 
-def _autocasting(a) -> torch.dtype | None:
-    """The dtype autocast gives ``F.linear`` and ``torch.matmul`` on A's device, or None."""
-    device = _device_type(a)
+def _autocasting(a, device: str | None = None) -> torch.dtype | None:
+    """The dtype autocast gives ``F.linear`` and ``torch.matmul`` on A's device (its type:
+    ``device``, where the caller has it), or None."""
+    device = device or _device_type(a)
     if device in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return None
@@ -223,12 +224,13 @@ def _hot(a, b, b_nk: bool, out, view):
             return _reference(a, b, b_nk, None)
         _reference_out(a, b, b_nk, None, out, view)
         return out
-    if a.dtype is not _F16 or b.dtype is not _F16 or _autocasting(a) is not None:
+    device_type = _device_type(a)
+    if device_type not in SERVED_DEVICES or a.dtype is not _F16 or b.dtype is not _F16:
         return NotImplemented
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+    if _autocasting(a, device_type) is not None or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
         return NotImplemented
     device = a.get_device()
-    if _device_type(a) not in SERVED_DEVICES or b.get_device() != device or not (a.is_contiguous() and b.is_contiguous()):
+    if b.get_device() != device or not (a.is_contiguous() and b.is_contiguous()):
         return NotImplemented
     if out is None:
         c = a.new_empty(a.shape[:-1] + (state.n,))
@@ -246,10 +248,15 @@ def _hot(a, b, b_nk: bool, out, view):
     return c
 
 
+def _may_take_hot_path(a, b, bias) -> bool:
+    """Whether a call may go by :func:`_hot`: eager (not traced), plain tensors, no bias."""
+    return bias is None and type(a) in _PLAIN and type(b) in _PLAIN and not torch.compiler.is_compiling()
+
+
 def _call(a, b, b_nk: bool, bias, out, view=None):
     """``view``: for b stored N x K, the K x N view of it the caller was given, if any (a
     view costs a microsecond of host time to make again)."""
-    if bias is None and type(a) in _PLAIN and type(b) in _PLAIN and not torch.compiler.is_compiling():
+    if _may_take_hot_path(a, b, bias):
         c = _hot(a, b, b_nk, out, view)
         if c is not NotImplemented:
             return c
@@ -290,8 +297,7 @@ def mm(a, b, *, bias=None, out=None):
     """
     if isinstance(b, torch.Tensor) and b.dim() == 2 and not b.is_contiguous():
         shape, stride = b.shape, b.stride()
-        if (stride[0] == 1 and stride[1] == shape[0] and bias is None and type(a) in _PLAIN and type(b) in _PLAIN
-                and not torch.compiler.is_compiling()
+        if (stride[0] == 1 and stride[1] == shape[0] and _may_take_hot_path(a, b, bias)
                 and dispatch.default_dispatcher(True).hot(a.shape, (shape[1], shape[0])) is dispatch.FALLBACK):
             # the transpose of a row-major weight, of shapes torch computes: torch's call as
             # written, before making the stored view (a microsecond or more of host time)
