@@ -53,6 +53,11 @@ PROGRAMS = {
     # three stages leave room to stage the whole tile (a TMA-store buffer per box)
     "mc_kn_128x256_s3_2x1": "b kn\n tile 128 x 256 x 64\n stages 3\n cluster 2 x 1 x 1",
     "kn_128_whole": "b kn\n tile 128 x 128 x 64\n stages 4",
+    # the wave-fitting widths of the prefill rows, on 2 x 1 clusters (B shared along M)
+    "mc_nk_128x160_2x1": "b nk\n tile 128 x 160 x 64\n stages 5\n cluster 2 x 1 x 1",
+    "mc_nk_128x192_2x1": "b nk\n tile 128 x 192 x 64\n stages 4\n cluster 2 x 1 x 1",
+    "mc_nk_128x224_2x1": "b nk\n tile 128 x 224 x 64\n stages 4\n cluster 2 x 1 x 1",
+    "mc_nk_128x224_s3_2x1": "b nk\n tile 128 x 224 x 64\n stages 3\n cluster 2 x 1 x 1",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
 N_K = ((4104, 1024), (1000, 2056), (264, 520))  # odd N (multiples of 8), K tails
@@ -214,6 +219,12 @@ def test_cluster_and_ordered_splits_are_bitwise_deterministic(libs, name, splits
         ("mc_kn_2x2", [(2056, 2048, 200)]),
         ("mc_kn_128x256_s3_2x1", [(4100, 2056, 136), (2056, 4104, 1000)]),
         ("kn_128_whole", [(2056, 2056, 200), (4104, 1000, 72)]),
+        # 33 x 13, 33 x 11 and 33 x 10 tiles (the 2 x 1 clusters hang over M's edge), a
+        # short last K tile; 128 x 224 on 4 stages runs in waves, on 3 persistent
+        ("mc_nk_128x160_2x1", [(4100, 2056, 136)]),
+        ("mc_nk_128x192_2x1", [(4100, 2056, 1000)]),
+        ("mc_nk_128x224_2x1", [(4100, 2056, 136)]),
+        ("mc_nk_128x224_s3_2x1", [(4100, 2056, 136), (2056, 3592, 1000)]),
     ],
 )
 def test_more_units_than_the_gpu_holds_persistent_or_in_waves(libs, name, shapes):
