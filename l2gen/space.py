@@ -60,7 +60,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
     ),
     Family.SM90: (
         Slot("bm", limits.SM90_TILE_M),
-        Slot("bn", (64, 128, 192, 256)),
+        Slot("bn", (64, 96, 128, 160, 192, 256)),
         Slot("bk", (32, 64, 128)),
         Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2))),
         Slot("mainloop", tuple(Mainloop)),
@@ -74,7 +74,9 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
     ),
     Family.SM90_L2GEN: (
         Slot("bm", (16, 32, 64, 128, 192, 256)),
-        Slot("bn", (16, 32, 64, 128, 192, 256)),
+        # the widths between 128 and 256 fit a problem's tiles to the SMs (4096 x 1280 is
+        # 256 tiles of 128 x 160, 2048 x 3584 256 of 128 x 224)
+        Slot("bn", (16, 32, 64, 96, 112, 128, 160, 192, 224, 256)),
         Slot("bk", limits.L2GEN_TILE_K),
         Slot("swap_ab", (False, True)),
         Slot("stages", (3, 4, 5, 6, 8)),

@@ -568,8 +568,9 @@ class EmbeddedPolicy:
     @classmethod
     def load(cls, path: str | Path, *, gpu: Gpu | None = None, **options) -> "EmbeddedPolicy":
         """A policy from :meth:`save`'s JSON. Passing ``gpu`` asserts the target: a policy
-        trained for another GPU raises ValueError. Slots whose choices changed since the
-        save start from zero (with a warning)."""
+        trained for another GPU raises ValueError. A slot whose choices changed since the
+        save keeps the rows of the choices it still has; new choices start from zero (a
+        slot that lost a choice warns: what it learned of that choice is dropped)."""
         path = Path(path)
         try:
             state = json.loads(path.read_text())
@@ -588,10 +589,16 @@ class EmbeddedPolicy:
             policy.family_w = np.array(state["family_w"], dtype=float)
         for fam in policy.families:
             for name, saved in state.get("slots", {}).get(fam.value, {}).items():
-                if name in policy.w[fam] and saved["choices"] == [_encode(v) for v in _slot(fam, name).choices]:
-                    policy.w[fam][name] = np.array(saved["w"], dtype=float)
-                else:
-                    warnings.warn(f"{path}: slot {fam.value}.{name} changed since this policy was saved; it starts from zero")
+                if name not in policy.w[fam]:
+                    warnings.warn(f"{path}: slot {fam.value}.{name} is no longer in the decision space; dropped")
+                    continue
+                rows = dict(zip(saved["choices"], np.array(saved["w"], dtype=float)))
+                index = policy._index[fam][name]
+                for choice, i in index.items():
+                    if choice in rows:
+                        policy.w[fam][name][i] = rows[choice]
+                if lost := [c for c in rows if c not in index]:
+                    warnings.warn(f"{path}: slot {fam.value}.{name} no longer offers {', '.join(lost)}; what was learned of it is dropped")
         policy.baselines = {k: float(v) for k, v in state.get("baselines", {}).items()}
         policy.elite = {k: (v[0], float(v[1])) for k, v in state.get("elite", {}).items()}
         return policy

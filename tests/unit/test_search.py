@@ -201,6 +201,39 @@ def test_embedded_policy_save_load_round_trip(tmp_path):
         EmbeddedPolicy.load(path)
 
 
+def test_a_saved_policy_survives_a_slot_gaining_and_losing_choices(tmp_path):
+    """A policy saved before a slot gained choices keeps what it learned of the others
+    (the new ones start at zero, silently); a choice the space no longer has is dropped
+    with a warning."""
+    import json
+    import warnings
+
+    policy = EmbeddedPolicy(H200, seed=0)
+    fam = Family.SM90_L2GEN
+    rng = np.random.default_rng(1)
+    policy.w[fam]["bn"] = rng.normal(size=policy.w[fam]["bn"].shape)
+    path = tmp_path / "policy.json"
+    policy.save(path)
+    state = json.loads(path.read_text())
+    bn = state["slots"][fam.value]["bn"]
+    keep = [i for i, c in enumerate(bn["choices"]) if c not in ("96", "224")]  # as saved before those widths existed
+    bn["choices"] = [bn["choices"][i] for i in keep]
+    bn["w"] = [bn["w"][i] for i in keep]
+    path.write_text(json.dumps(state))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = EmbeddedPolicy.load(path)
+    index = loaded._index[fam]["bn"]
+    for choice, i in index.items():
+        expect = np.zeros_like(policy.w[fam]["bn"][i]) if choice in ("96", "224") else policy.w[fam]["bn"][i]
+        assert np.array_equal(loaded.w[fam]["bn"][i], expect), choice
+    bn["choices"].append("999")
+    bn["w"].append([1.0] * len(bn["w"][0]))
+    path.write_text(json.dumps(state))
+    with pytest.warns(UserWarning, match="no longer offers 999"):
+        EmbeddedPolicy.load(path)
+
+
 def test_ridge_cost_model_matches_a_direct_solve():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40, 12))
