@@ -728,10 +728,18 @@ def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None) -> Dispat
 def matmul(a, b, out=None, *, db: KernelDB | str | Path | None = None):
     """``a @ b`` for 2-D fp16 torch tensors on the GPU, by the best tuned kernel.
 
-    ``db``: a kernel database (object or path); default ``$L2GEN_DB`` or the one shipped
-    for this GPU. Anything not served (other dtypes, layouts, devices, shapes with no
-    winning program) goes to ``torch.matmul``.
+    ``b`` is K x N: a row-major tensor, or the transpose of a row-major N x K one
+    (``w.t()``, an ``nn.Linear`` weight), which the winners for B stored N x K serve as it
+    is stored, without a copy. ``db``: a kernel database (object or path); default
+    ``$L2GEN_DB`` or the one shipped for this GPU. Anything not served (other dtypes,
+    layouts, devices, shapes with no winning program) goes to ``torch.matmul``.
     """
+    try:
+        stored = b.mT if not b.is_contiguous() and b.dim() == 2 else None
+    except AttributeError:  # not a torch tensor: the dispatcher hands it to the fallback
+        stored = None
+    if stored is not None and stored.is_contiguous():
+        return (default_dispatcher(True) if db is None else _dispatcher_for(db, BLayout.NK)).call(a, stored, out)
     if db is None:
         entry = _default_entry
         if entry is not None:  # out= only when given: see Dispatcher.call

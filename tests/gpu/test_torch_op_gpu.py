@@ -117,7 +117,8 @@ def test_served_results_match_torch_in_both_layouts(served):
             ref = x.float() @ w.float().t()
             out = torch.full((shape.m, shape.n), float("nan"), device="cuda", dtype=torch.float16)
             if layout is BLayout.NK:
-                plain = [linear(x, w), mm(x, w.t())]  # the weight as stored, and its transposed view
+                # the weight as stored, its transposed view, and that view through l2gen.matmul
+                plain = [linear(x, w), mm(x, w.t()), dispatch.matmul(x, w.t())]
                 biased = linear(x.view(*lead, shape.k), w, bias)
                 assert linear(x, w, out=out) is out
             else:

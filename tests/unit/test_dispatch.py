@@ -419,6 +419,71 @@ def test_b_stored_n_by_k_is_served_by_nk_programs_with_ldb_k(db):
     assert kn_fake.launches[0][5] == 256 and kn.plan(32, 32, 32) is None
 
 
+class TorchFakeLauncher(FakeLauncher):
+    """FakeLauncher over CPU torch tensors: the GEMM by numpy, written into torch's out."""
+
+    def eligible(self, a, b, out):
+        import torch
+
+        f16 = torch.float16
+        ok = a.dtype is f16 and b.dtype is f16 and a.is_contiguous() and b.is_contiguous()
+        return bool(ok and (out is None or (out.dtype is f16 and out.is_contiguous())))
+
+    def empty(self, like, m, n):
+        return like.new_empty(*like.shape[:-1], n)
+
+    def launch(self, kernel, a, b, out, m, n, k, ldb, knobs, workspace):
+        import torch
+
+        self.launches.append((kernel, m, n, k, knobs, ldb))
+        nk = kernel[2] is BLayout.NK
+        rows = b.numpy().reshape(-1)[: (n if nk else k) * ldb].reshape(-1, ldb)
+        out.copy_(torch.from_numpy(numpy_matmul(a.numpy(), rows[:, :k].T if nk else rows[:, :n])))
+        return 0
+
+    def relerr(self, out, ref):
+        return super().relerr(out.numpy(), ref.numpy())
+
+
+def test_l2gen_matmul_serves_the_transpose_of_a_stored_n_by_k_weight(db, monkeypatch):
+    """``l2gen.matmul(x, w.t())`` (``w`` N x K, as an nn.Linear holds it) goes to the
+    winners for B stored N x K, which read ``w`` as it is stored (ldb = K, no copy); a B
+    that is neither row-major nor the transpose of a row-major tensor goes to torch."""
+    torch = pytest.importorskip("torch")
+
+    def fallback(a, b, out=None):  # torch.matmul's stand-in: numpy's, on CPU tensors
+        c = torch.from_numpy(numpy_matmul(a.numpy(), b.numpy()))
+        return c if out is None else out.copy_(c)
+
+    monkeypatch.setattr(dispatch, "detect_gpu", lambda: H200)
+    monkeypatch.setattr(dispatch, "own_toolchain", lambda: {})
+    monkeypatch.setattr(dispatch, "_dispatchers", {})
+    monkeypatch.setattr(dispatch, "_default_entry", None)
+    monkeypatch.setattr(dispatch, "_torch_matmul", lambda: fallback)
+    fake = TorchFakeLauncher()
+    monkeypatch.setattr(dispatch, "TorchLauncher", lambda: fake)
+    nk = nk_program(128, 64)
+    db.add(Measurement(Shape(64, 256, 512), nk, "ok", time_us=4.0, baseline_us=10.0), H200)
+    a, b = (torch.from_numpy(x) for x in arrays(64, 256, 512))
+    w = b.t().contiguous()  # N x K
+    ref = numpy_matmul(a.numpy(), b.numpy())
+    for given_db in (db, None):  # a database named, and the default one (use_db)
+        if given_db is None:
+            dispatch.use_db(db)
+        fake.launches.clear()
+        assert np.array_equal(dispatch.matmul(a, w.t(), db=given_db).numpy(), ref)
+        out = torch.empty(64, 256, dtype=torch.float16)
+        assert dispatch.matmul(a, w.t(), out, db=given_db) is out and np.array_equal(out.numpy(), ref)
+        assert [(l[0][1], l[5]) for l in fake.launches] == [(nk.name, 512)] * 2  # w read as stored
+        # a row-major B is still the K x N dispatcher's; a strided one goes to torch
+        assert np.array_equal(dispatch.matmul(a, b, db=given_db).numpy(), ref)
+        assert fake.launches[-1][0][1] == program(128, 128).name
+        n = len(fake.launches)
+        wide = torch.from_numpy(np.ascontiguousarray(np.repeat(w.numpy(), 2, axis=1)))  # N x 2K
+        assert np.array_equal(dispatch.matmul(a, wide[:, ::2].t(), db=given_db).numpy(), ref)
+        assert len(fake.launches) == n
+
+
 def test_an_nk_dispatcher_rejects_b_on_its_stored_shape(db):
     fake = FakeLauncher()
     d = make(db, fake, b_layout=BLayout.NK)
