@@ -19,4 +19,5 @@ def test_the_table_reads_the_judged_run_of_each_shape():
     assert big[2].startswith("ping_") and big[-1].strip(" |") == "yes"
     assert float(big[3]) < float(big[4])  # faster than torch.matmul in that run
     assert 0.9 < float(big[8]) <= 1.05 and float(big[10]) < float(big[3])  # the floor below the time
-    assert rows["64×64×64"][2] == "not in the database: torch.matmul serves it" and rows["64×64×64"][-1].strip(" |") == "no"
+    assert rows["512×8192×8192"][2] == "not in the database: torch.matmul serves it" and rows["512×8192×8192"][-1].strip(" |") == "no"
+    assert rows["64×64×64"][2].endswith("(no run among the files given)")  # in the database, from a file not given
