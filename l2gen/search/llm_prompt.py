@@ -196,14 +196,32 @@ def shape_facts(shape: Shape, gpu: Gpu) -> str:
     tiles = ", ".join(
         f"{bm}x{bn}: {_tiles(m, bm) * _tiles(n, bn)} tiles" for bm, bn in ((64, 64), (128, 128), (128, 256))
     )
+    fits = ", ".join(f"{bm}x{bn}: {t} tiles, {100 * eff:.0f}% of {w} wave{'s' if w > 1 else ''}" for bm, bn, t, w, eff in wave_fits(shape, gpu))
     return (
         f"Problem: M={m} N={n} K={k} ({flops / 1e9:.3g} GFLOP, {bytes_ / 1e6:.3g} MB of operands).\n"
         f"Target: {gpu.name} (sm_{gpu.sm}): {gpu.sms} SMs, {gpu.smem_per_block} B shared memory per block, "
         f"L2 {gpu.l2_bytes / 2**20:.0f} MiB, {gpu.peak_tflops_fp16:g} TFLOP/s fp16, {gpu.bandwidth_tbs:g} TB/s.\n"
         f"Floor time {gpu.floor_us(m, n, k):.3g} us "
         f"({bound}-bound: compute {compute_us:.3g} us, memory {memory_us:.3g} us). "
-        f"Output tiles per launch: {tiles} (vs {gpu.sms} SMs)."
+        f"Output tiles per launch: {tiles} (vs {gpu.sms} SMs). "
+        f"Tile widths that fill the SMs' waves best: {fits}."
     )
+
+
+def wave_fits(shape: Shape, gpu: Gpu, top: int = 3) -> list[tuple[int, int, int, int, float]]:
+    """(BM, BN, tiles, waves, useful share of the waves) of the 128-row tiles 96..256 wide
+    and the 256-row ones 96..128 wide (large enough to keep the tensor cores busy) that fill whole waves of one CTA per SM best, counting
+    a tile's part past the problem's edge as waste, the larger tile first among equals (a
+    tile count that leaves the last wave short wastes SMs: 2048 x 3584 is 224 tiles of
+    128 x 256 but 256 of 128 x 224)."""
+    out = []
+    for bm, widths in ((128, range(96, 257, 16)), (256, range(96, 129, 16))):
+        for bn in widths:
+            tiles = _tiles(shape.m, bm) * _tiles(shape.n, bn)
+            waves = _tiles(tiles, gpu.sms)
+            out.append((bm, bn, tiles, waves, shape.m * shape.n / (waves * gpu.sms * bm * bn)))
+    out.sort(key=lambda f: (-round(f[4], 2), -f[0] * f[1]))
+    return out[:top]
 
 
 def task_prompt(

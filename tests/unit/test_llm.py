@@ -627,3 +627,14 @@ def test_the_cli_says_so_and_exits_1_when_the_server_is_unreachable(tmp_path, mo
     import sqlite3
 
     assert sqlite3.connect(db).execute("SELECT count(*) FROM measurements").fetchone()[0] == 0
+
+
+def test_the_shape_facts_name_the_tile_widths_that_fill_the_sms():
+    from l2gen.search.llm_prompt import shape_facts, wave_fits
+
+    # the prefill rows' winners: 2048 x 3584 is 224 tiles of 128 x 256 (1.7 waves) but 256
+    # of 128 x 224; 4096 x 1280 is 256 tiles of 128 x 160; 2048 x 4608 384 of 128 x 192
+    for (m, n, k), best in (((2048, 3584, 3584), (128, 224)), ((4096, 1280, 8192), (128, 160)), ((2048, 4608, 3584), (128, 192))):
+        fits = wave_fits(Shape(m, n, k), GPUS["h200"])
+        assert fits[0][:2] == best and fits[0][4] > 0.96, fits
+    assert "128x224: 256 tiles, 97% of 2 waves" in shape_facts(Shape(2048, 3584, 3584), GPUS["h200"])
