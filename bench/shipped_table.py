@@ -24,6 +24,7 @@ from l2gen.dispatch import Dispatcher  # noqa: E402
 from l2gen.ir import BLayout  # noqa: E402
 from l2gen.parse import parse  # noqa: E402
 from l2gen.problem import program_key  # noqa: E402
+from l2gen.protocol import Floors  # noqa: E402
 from l2gen.schema import read_results  # noqa: E402
 from l2gen.targets import GPUS  # noqa: E402
 
@@ -35,20 +36,16 @@ BASELINES = (
 )
 
 
-def floor_us(m: int, n: int, k: int, floors: dict) -> float:
-    bytes_ = 2.0 * (m * k + k * n + m * n)
-    return max(floors["launch_floor_us"], bytes_ / (floors["stream_tbs"] * 1e6), 2.0 * m * n * k / (floors["peak_tflops"] * 1e6))
-
-
-def runs_of(paths: list[str]) -> dict[tuple, list[tuple[dict, dict]]]:
+def runs_of(paths: list[str]) -> dict[tuple, list[tuple[dict, Floors]]]:
     """(m, n, k, program key) -> [(row, the file's floors)] over every verified row."""
     out: dict[tuple, list] = {}
     for path in paths:
         data = read_results(path)
+        floors = Floors.from_dict(data["floors"])
         for row in data["rows"]:
             if row.get("status") == "ok" and row.get("program_text") and row.get("l2gen_us"):
                 key = (row["m"], row["n"], row["k"], program_key(parse(row["program_text"])))
-                out.setdefault(key, []).append((row, data["floors"]))
+                out.setdefault(key, []).append((row, floors))
     return out
 
 
@@ -56,18 +53,17 @@ def table(suite: str, db: str, paths: list[str]) -> str:
     gpu = GPUS["h200"]
     runs = runs_of(paths)
     dispatchers = {layout: Dispatcher(db, gpu, b_layout=layout) for layout in BLayout}
-    best = {layout: d.db.best_all(gpu, b_layout=layout) for layout, d in dispatchers.items()}
     head = ["shape", "B", "best program", "µs", *(name + " µs" for name, _ in BASELINES), "× cuBLAS-best", "× torch.matmul", "floor µs", "served"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     entries = json.loads(Path(suite).read_text())["shapes"]  # load_suite checks them; "b": the layout, kn by default
     for s, entry in zip(load_suite(suite), entries):
         layout = BLayout(entry.get("b", "kn"))
-        found = best[layout].get(s)
+        found = dispatchers[layout].recorded(s.m, s.n, s.k)  # the dispatcher's own judgement
         shape = f"{s.m}×{s.n}×{s.k}"
         if found is None:
             lines.append(f"| {shape} | {layout.value} | not in the database: torch.matmul serves it |" + " — |" * (len(head) - 4) + " no |")
             continue
-        program, _, _ = found
+        program, _ = found
         mine = runs.get((s.m, s.n, s.k, program_key(program)), [])
         if not mine:
             lines.append(f"| {shape} | {layout.value} | {program.name} (no run among the files given) |" + " — |" * (len(head) - 4) + " ? |")
@@ -79,7 +75,7 @@ def table(suite: str, db: str, paths: list[str]) -> str:
         cells += [f"{base[key]:.1f}" if base.get(key) else "—" for _, key in BASELINES]
         cells += [f"{row['cublas_best_us'] / row['l2gen_us']:.2f}",
                   f"{base['torch_matmul_us'] / row['l2gen_us']:.2f}" if base.get("torch_matmul_us") else "—",
-                  f"{floor_us(s.m, s.n, s.k, floors):.1f}",
+                  f"{floors.floor_us(s.m, s.n, s.k):.1f}",
                   "yes" if dispatchers[layout].plan(s.m, s.n, s.k) is not None else "no"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

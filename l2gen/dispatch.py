@@ -298,6 +298,12 @@ class Dispatcher:
 
     # -- lookup --------------------------------------------------------------------------
 
+    def recorded(self, m: int, n: int, k: int) -> tuple[Program, float] | None:
+        """The program the database judges best on this very shape, served or not, and its
+        speedup over cuBLAS-best (its least favourable run): what :meth:`plan` starts from."""
+        found = self._recorded.get(Shape(m, n, k))
+        return None if found is None else (found[0], found[1])
+
     def plan(self, m: int, n: int, k: int) -> Plan | None:
         """The program that would serve a shape, or None for the fallback."""
         shape = Shape(m, n, k)

@@ -167,6 +167,12 @@ class Floors:
                 "peak_source": self.peak_source}
 
     @classmethod
+    def from_dict(cls, d: Mapping) -> "Floors":
+        """The inverse of :meth:`to_dict`: a results file's ``"floors"``."""
+        return cls(d.get("launch_floor_us"), d["stream_tbs"], d["peak_tflops"],
+                   d.get("launch_source", ""), d.get("stream_source", ""), d.get("peak_source", ""))
+
+    @classmethod
     def from_gpu(cls, gpu, why: str = "not measured") -> "Floors":
         """The target record's constants (:mod:`l2gen.targets`), no launch floor."""
         note = f"{gpu.name} constant in targets.py ({why})"

@@ -347,6 +347,9 @@ def test_a_tie_with_cublas_is_not_a_winner(tmp_path):
     a, b = arrays(64, 256, 512)
     assert np.array_equal(d(a, b), numpy_matmul(a, b))
     assert d.served_by(64, 256, 512) == "fallback" and not fake.launches
+    # what the database judges best there is still on record, served or not
+    assert d.plan(64, 256, 512) is None and d.recorded(64, 256, 512) == (program(128, 128), pytest.approx(10.0 / 9.95))
+    assert d.recorded(64, 256, 1024) is None
     tie.close()
 
 

@@ -80,6 +80,7 @@ def test_the_floor_is_the_largest_of_launch_stream_and_peak():
     assert f.floor_us(64, 4096, 4096) == pytest.approx(memory)  # bytes / stream rate
     assert f.floor_us(8192, 8192, 8192) == pytest.approx(2 * 8192**3 / 700e6)  # FLOPs / peak
     assert set(f.to_dict()) == {"launch_floor_us", "stream_tbs", "peak_tflops", "launch_source", "stream_source", "peak_source"}
+    assert Floors.from_dict(f.to_dict()) == f  # what a results file's "floors" reads back as
 
 
 def test_floors_from_a_probe_fill_what_it_could_not_measure_from_the_target():
