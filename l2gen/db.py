@@ -778,6 +778,7 @@ class KernelDB:
             added += 1
         return added
 
+
 def _sustained(row: dict) -> tuple[float, float, float | None] | None:
     """(program, cuBLAS-best, torch.matmul) µs per call back to back, for a bench row of a
     kernel long enough to be judged under sustained load that timed them; else None."""

@@ -196,7 +196,8 @@ def shape_facts(shape: Shape, gpu: Gpu) -> str:
     tiles = ", ".join(
         f"{bm}x{bn}: {_tiles(m, bm) * _tiles(n, bn)} tiles" for bm, bn in ((64, 64), (128, 128), (128, 256))
     )
-    fits = ", ".join(f"{bm}x{bn}: {t} tiles, {100 * eff:.0f}% of {w} wave{'s' if w > 1 else ''}" for bm, bn, t, w, eff in wave_fits(shape, gpu))
+    fits = ", ".join(f"{bm}x{bn}: {t} tiles, {100 * eff:.0f}% of {w} wave{'s' if w > 1 else ''}"
+                     for bm, bn, t, w, eff in wave_fits(shape, gpu))
     return (
         f"Problem: M={m} N={n} K={k} ({flops / 1e9:.3g} GFLOP, {bytes_ / 1e6:.3g} MB of operands).\n"
         f"Target: {gpu.name} (sm_{gpu.sm}): {gpu.sms} SMs, {gpu.smem_per_block} B shared memory per block, "
@@ -210,10 +211,10 @@ def shape_facts(shape: Shape, gpu: Gpu) -> str:
 
 def wave_fits(shape: Shape, gpu: Gpu, top: int = 3) -> list[tuple[int, int, int, int, float]]:
     """(BM, BN, tiles, waves, useful share of the waves) of the 128-row tiles 96..256 wide
-    and the 256-row ones 96..128 wide (large enough to keep the tensor cores busy) that fill whole waves of one CTA per SM best, counting
-    a tile's part past the problem's edge as waste, the larger tile first among equals (a
-    tile count that leaves the last wave short wastes SMs: 2048 x 3584 is 224 tiles of
-    128 x 256 but 256 of 128 x 224)."""
+    and the 256-row ones 96..128 wide (large enough to keep the tensor cores busy) that fill
+    whole waves of one CTA per SM best, counting a tile's part past the problem's edge as
+    waste, the larger tile first among equals (a tile count that leaves the last wave short
+    wastes SMs: 2048 x 3584 is 224 tiles of 128 x 256 but 256 of 128 x 224)."""
     out = []
     for bm, widths in ((128, range(96, 257, 16)), (256, range(96, 129, 16))):
         for bn in widths:
