@@ -40,12 +40,12 @@ import logging
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .db import DatabaseError, KernelDB
-from .ir import BLayout, Knobs, Program
+from .ir import BLayout, Family, Knobs, Program
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .problem import Shape, program_key, unserved
 from .targets import GPUS, Gpu
@@ -62,6 +62,7 @@ log = logging.getLogger("l2gen.dispatch")
 MIN_SPEEDUP = 1.02
 MIN_SPEEDUP_NEARBY = 1.05  # a program tuned for another shape must have beaten it clearly
 MAX_RELERR = 1e-3  # the first result per shape is checked against the fallback
+PDL_ENV = "L2GEN_PDL"  # 1: dispatchers launch l2gen's own kernel with programmatic dependent launch
 TRUST_ENV = "L2GEN_TRUST_L2"  # the L2 protocol whose winners a dispatcher serves, if l2= is not given
 
 
@@ -197,7 +198,11 @@ class Dispatcher:
     result against the fallback (skipped while a CUDA graph is being captured). ``l2``:
     the L2 protocol whose winners it serves (:func:`trusted_l2`). ``toolchain``: the
     environment a row must record to be served (default :func:`own_toolchain`: this
-    process's nvcc); simulated rows are never served.
+    process's nvcc); simulated rows are never served. ``pdl``: launch the programs of
+    l2gen's own sm90a kernel with programmatic dependent launch (their knob ``pdl on``:
+    each call's set-up overlaps the end of the kernel before it on the stream; it shows
+    under CUDA graphs and on a busy stream, and changes no result); default
+    ``$L2GEN_PDL`` = 1, else off.
 
     Safe to call from several threads and on several streams at once: a shape's plan and
     library are made once (under a lock), and each stream gets its own workspace.
@@ -215,8 +220,10 @@ class Dispatcher:
         l2: str | None = None,
         toolchain: dict | None = None,
         b_layout: BLayout = BLayout.KN,
+        pdl: bool | None = None,
     ):
         self.gpu = gpu
+        self.pdl = os.environ.get(PDL_ENV, "0") == "1" if pdl is None else bool(pdl)
         self.b_layout = BLayout(b_layout)
         self._nk = self.b_layout is BLayout.NK
         self.l2 = trusted_l2(l2)
@@ -486,6 +493,8 @@ class Dispatcher:
             kernel = self.launcher.load(plan.program, self.gpu)
             self._kernels[key] = kernel
         knobs = plan.program.knobs
+        if self.pdl and plan.program.family is Family.SM90_L2GEN:
+            knobs = replace(knobs, pdl=True)
         run = bound_launch(self.launcher, kernel, m, n, k, k if self._nk else n, knobs)
         state = _Ready(kernel, knobs, {}, plan, m, n, k, run=run)
         self._workspace(state, self.launcher, like, self.launcher.stream(like))  # the first stream's, before the first launch
@@ -619,7 +628,7 @@ class TorchLauncher:
         """``launch`` for one shape, made once: the entry's constant arguments converted to
         ctypes integers here, so a call converts only the three addresses, the workspace
         and the stream."""
-        entry = kernel.entry_function
+        entry = kernel.entry_for(knobs)
         middle = kernel.constant_args(m, n, k, k, ldb, n, knobs)
 
         def run(a, b, out, workspace, stream):

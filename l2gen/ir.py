@@ -138,13 +138,18 @@ class Knobs:
 
     ``swizzle`` is the log2 of the block-swizzle group size (0 = no swizzle);
     ``splits`` is the split-K slice count (sm80 parallel split-K, sm90 stream-K);
-    ``decomposition`` only applies to the sm90 stream-K scheduler.
+    ``decomposition`` only applies to the sm90 stream-K scheduler (and l2gen's kernel).
+    ``pdl``: launch with programmatic dependent launch (l2gen's own sm90a kernel): the
+    kernel's set-up overlaps the end of the kernel before it on the stream. It shows only
+    where calls run back to back (CUDA graphs, a busy stream); it picks the library's entry
+    (``E_pdl``), not an argument of it.
     """
 
     raster: Raster = Raster.HEURISTIC
     swizzle: int = 0
     splits: int = 1
     decomposition: Decomposition = Decomposition.HEURISTIC
+    pdl: bool = False
     span: Span = _span_field()
 
     def as_args(self) -> tuple[int, int, int, int]:

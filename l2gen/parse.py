@@ -46,7 +46,7 @@ COMMON = ("arch", "b_layout", "tile", "stages", "raster", "swizzle", "splits")
 ONLY = {
     Family.SM80: ("epilogue", "warps", "smem_swizzle", "split_k", "min_blocks"),
     Family.SM90: ("impl", "epilogue", "cluster", "mainloop", "scheduler", "decomposition"),
-    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster", "decomposition"),
+    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster", "decomposition", "pdl"),
 }
 KEYWORD = {"b_layout": "b"}  # decision name -> the keyword written in the DSL
 
@@ -278,7 +278,7 @@ class _Builder:
             )
         knob_span = spans.get("splits") or spans.get("swizzle") or spans.get("raster") or header
         knobs = Knobs(
-            **given(get, raster=Raster, swizzle=None, splits=None, decomposition=Decomposition),
+            **given(get, raster=Raster, swizzle=None, splits=None, decomposition=Decomposition, pdl=lambda v: v == "on"),
             span=knob_span,
         )
         return Program(

@@ -52,6 +52,8 @@ def _lines(program: Program) -> list[tuple[str, str]]:
         program.family is Family.SM90_L2GEN and kn.decomposition is not Decomposition.HEURISTIC
     ):
         out.append(("decomposition", kn.decomposition.value))
+    if kn.pdl:  # written only when on: every program keyed before the knob keeps its text
+        out.append(("pdl", "on"))
     return out
 
 

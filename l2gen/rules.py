@@ -549,6 +549,13 @@ def _l2gen_stream_k_splits(p, gpu):
         yield "splits", f"splits {p.knobs.splits}: 'decomposition stream_k' divides K by its grid, not by 'splits' (leave it 1)"
 
 
+@rule("knobs.pdl", "E-KNOB", (*SM80, *SM90), ("pdl",), "pdl on needs impl l2gen, the kernel that waits for the one before it")
+def _knobs_pdl(p, gpu):
+    if p.knobs.pdl:
+        yield "pdl", (f"'pdl on' launches l2gen's own sm90a kernel (impl l2gen), which waits for the kernel before it; "
+                      f"this {p.family.value} kernel has no such wait")
+
+
 @rule("sm90.splits", "E-SPLITS", SM90, ("splits", "scheduler"), "splits > 1 needs scheduler stream_k")
 def _sm90_splits(p, gpu):
     s = p.knobs.splits

@@ -53,6 +53,7 @@ STATUS_NAMES = {
     3: "L2GEN_ERR_LAUNCH",
     4: "L2GEN_ERR_KNOB",
 }
+ERR_KNOB = 4
 STATUS_MEANINGS = {
     1: "M, N, K, leading dimensions or alignment not served",
     2: "workspace missing or smaller than E_workspace() asked for",
@@ -443,6 +444,12 @@ class Library:
         self._run = getattr(self._dll, entry)
         self._run.argtypes = _ENTRY_ARGS
         self._run.restype = _c_int
+        # E_pdl, where the kernel takes the knob pdl (l2gen's own sm90a kernel): E's
+        # arguments, launched with programmatic dependent launch.
+        self._run_pdl = getattr(self._dll, f"{entry}_pdl", None)
+        if self._run_pdl is not None:
+            self._run_pdl.argtypes = _ENTRY_ARGS
+            self._run_pdl.restype = _c_int
         self._workspace = getattr(self._dll, f"{entry}_workspace")
         self._workspace.argtypes = _WORKSPACE_ARGS
         self._workspace.restype = ctypes.c_size_t
@@ -459,17 +466,22 @@ class Library:
                 lib = _LIBRARIES[key] = cls(key[0], entry)
             return lib
 
-    @property
-    def entry_function(self):
-        """The ctypes function of the entry ``E``, its argument types set (``_ENTRY_ARGS``):
-        for a caller that converts the arguments of many calls once (:meth:`constant_args`)."""
-        return self._run
+    def entry_for(self, knobs: Knobs):
+        """The ctypes function a launch with these knobs calls, its argument types set
+        (``_ENTRY_ARGS``): the entry ``E``, or ``E_pdl`` for ``pdl on`` (:class:`LaunchError`
+        with L2GEN_ERR_KNOB where the library has none). For a caller that converts the
+        arguments of many calls once (:meth:`constant_args`)."""
+        if not knobs.pdl:
+            return self._run
+        if self._run_pdl is None:
+            raise LaunchError(self.entry, ERR_KNOB)
+        return self._run_pdl
 
     @staticmethod
     def constant_args(m: int, n: int, k: int, lda: int, ldb: int, ldc: int, knobs: Knobs = Knobs()) -> tuple:
         """The entry's arguments from M to the knobs (ABI order), as ctypes integers made once:
         ctypes passes them as they are, where it converts a Python int on every call.
-        ``entry_function(a, b, c, *constant_args(...), workspace, workspace_bytes, stream)``
+        ``entry_for(knobs)(a, b, c, *constant_args(...), workspace, workspace_bytes, stream)``
         is :meth:`launch` without its conversions."""
         return tuple(ctypes.c_int(v) for v in (m, n, k, lda, ldb, ldc, *knobs.as_args()))
 
@@ -487,7 +499,7 @@ class Library:
 
         With ``check`` (the default) a non-zero status raises :class:`LaunchError`.
         """
-        status = int(self._run(
+        status = int(self.entry_for(knobs)(
             pointer(a), pointer(b), pointer(c), m, n, k, lda, ldb, ldc,
             *knobs.as_args(), pointer(workspace), ws_bytes,
             stream_handle(stream, a, b, c),

@@ -154,6 +154,26 @@ def test_persistent_programs_have_a_one_unit_kernel_with_uniform_wgmma_descripto
     assert any(re.search(r"\bUIADD3\b", line) for line in between), "the one-unit kernel's wgmma descriptors left the uniform datapath"
 
 
+def test_every_kernel_waits_for_the_grid_before_it_and_lets_the_next_one_start(built):
+    """Programmatic dependent launch (knob pdl): every kernel of every program waits for
+    the grid before it (griddepcontrol.wait: ACQBULK) once, before its first load, and lets
+    the next grid launch (griddepcontrol.launch_dependents: PREEXIT); the library exports
+    the entry that launches it so (E_pdl) beside E."""
+    import ctypes
+
+    for name, result in built.items():
+        assert result.ok, result.error
+        for kernel, code in kernels(result.library).items():
+            lines = code.splitlines()
+            waits = [i for i, line in enumerate(lines) if re.search(r"\bACQBULK\b", line)]
+            loads = [i for i, line in enumerate(lines) if re.search(r"\bUTMALDG\b", line)]
+            assert len(waits) == 1, f"{name} {kernel}: {len(waits)} griddepcontrol.wait"
+            assert loads and waits[0] < min(loads), f"{name} {kernel}: a TMA load before the wait"
+            assert re.search(r"\bPREEXIT\b", code), f"{name} {kernel}: no launch_dependents"
+        library = ctypes.CDLL(str(result.library))
+        assert hasattr(library, result.source.entry) and hasattr(library, f"{result.source.entry}_pdl"), name
+
+
 def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
     """bench/timeline.py's build (-DL2GEN_TRACE) exports the trace and marker entries and
     reads %globaltimer; the plain build of the same program exports neither and reads no

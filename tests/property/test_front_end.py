@@ -63,3 +63,25 @@ def test_parser_never_raises_on_random_text(text):
         parse(text)
     except DiagnosticError as exc:
         assert exc.diagnostics
+
+
+@given(valid_program())
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_pdl_is_a_launch_knob_of_l2gen_kernels_only(program):
+    """``pdl on`` round-trips, keeps an l2gen program valid and its library the same (a
+    launch choice, not a build one), and is refused for every other family: by the parser
+    in text, by the checker in a program built otherwise."""
+    import pytest
+
+    from l2gen.ir import Family
+    from l2gen.lower import build_program
+
+    on = program.with_knobs(pdl=True)
+    problems = check(on, H200)
+    if program.family is Family.SM90_L2GEN:
+        assert parse(format_program(on)) == on
+        assert problems == [] and build_program(on) == build_program(program)
+    else:
+        assert [d.code for d in problems] == ["E-KNOB"]
+        with pytest.raises(DiagnosticError, match="E-FAMILY"):
+            parse(format_program(on))

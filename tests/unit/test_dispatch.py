@@ -846,3 +846,30 @@ def test_the_hot_table_starts_over_when_full(db, monkeypatch):
     assert len(d._hot) <= 3
     a, b = arrays(*shapes[-1])
     assert d.hot(a.shape, b.shape) is dispatch.FALLBACK  # the newest is kept
+
+
+def l2gen_program(**choices):
+    return assemble(Family.SM90_L2GEN, dict(bm=128, bn=128, bk=64, **choices))
+
+
+@pytest.mark.parametrize("pdl, env", [(True, None), (None, "1"), (False, "1"), (None, None)])
+def test_pdl_launches_only_l2gen_kernels_with_the_knob_on(tmp_path, monkeypatch, pdl, env):
+    if env is None:
+        monkeypatch.delenv("L2GEN_PDL", raising=False)
+    else:
+        monkeypatch.setenv("L2GEN_PDL", env)
+    d = KernelDB(tmp_path / "p.db")
+    own, cutlass = l2gen_program(), program(128, 128)
+    d.add(Measurement(Shape(64, 256, 512), own, "ok", time_us=8.0, baseline_us=10.0), H200)
+    d.add(Measurement(Shape(128, 256, 512), cutlass, "ok", time_us=8.0, baseline_us=10.0), H200)
+    fake = FakeLauncher()
+    dispatcher = make(d, fake, pdl=pdl)
+    on = pdl if pdl is not None else env == "1"
+    assert dispatcher.pdl is on
+    for m in (64, 128):
+        a, b = arrays(m, 256, 512)
+        assert np.array_equal(dispatcher(a, b), numpy_matmul(a, b))
+    knobs = {kernel[1]: kn for kernel, _, _, _, kn, _ in fake.launches}
+    assert knobs[own.name].pdl is on  # the served program's own knobs otherwise
+    assert knobs[cutlass.name].pdl is False  # CUTLASS's kernels take no such knob
+    d.close()

@@ -85,13 +85,16 @@ UNREACHABLE = {
 def _program(name: str):
     if name == "name":  # the grammar accepts identifiers only; the rule guards built programs
         return replace(parse(sm80("tile 128 x 128 x 32")), name="not-an-identifier"), H
+    if name == "knobs.pdl":  # the parser takes pdl in l2gen programs only; the rule guards built ones
+        program = parse(sm90("tile 128 x 128 x 64"))
+        return replace(program, knobs=replace(program.knobs, pdl=True)), H
     text, gpu = BREAKS[name]
     return parse(text, "p.l2"), gpu
 
 
 def test_every_rule_has_a_case():
     assert not set(BREAKS) & UNREACHABLE
-    covered = set(BREAKS) | UNREACHABLE | {"name"}
+    covered = set(BREAKS) | UNREACHABLE | {"name", "knobs.pdl"}
     assert covered == set(BY_NAME), covered ^ set(BY_NAME)
 
 

@@ -21,17 +21,22 @@ from l2gen.runtime import _ENTRY_ARGS, Library  # noqa: E402
 
 
 class RecordingLibrary:
-    """A Library whose entry is a C-callable Python function that records its arguments."""
+    """A Library whose entries (E and, with ``pdl``, E_pdl) are C-callable Python functions
+    that record their arguments; ``entries`` says which entry took each call."""
 
-    def __init__(self):
+    def __init__(self, pdl: bool = True):
         self.calls: list[tuple] = []
+        self.entries: list[str] = []
         prototype = ctypes.CFUNCTYPE(ctypes.c_int, *_ENTRY_ARGS)
-        self.callback = prototype(self._record)  # kept alive as long as the library
-        self.library = Library.__new__(Library)  # no shared object: the entry is the callback
+        self.callback = prototype(lambda *args: self._record("E", args))  # kept alive as long as the library
+        self.callback_pdl = prototype(lambda *args: self._record("E_pdl", args))
+        self.library = Library.__new__(Library)  # no shared object: the entries are the callbacks
         self.library.entry = "E"
         self.library._run = self.callback
+        self.library._run_pdl = self.callback_pdl if pdl else None
 
-    def _record(self, *args) -> int:
+    def _record(self, entry: str, args: tuple) -> int:
+        self.entries.append(entry)
         self.calls.append(args)
         return 0
 
@@ -101,3 +106,27 @@ def test_without_the_raw_accessor_the_stream_comes_from_a_stream_object(monkeypa
 def test_cpu_tensors_are_not_eligible():
     a, b, c = tensors(8, 8, 8, False)
     assert not TorchLauncher().eligible(a, b, c)
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_the_pdl_knob_picks_the_entry_and_passes_the_same_arguments(pdl):
+    rec = RecordingLibrary()
+    launcher = TorchLauncher()
+    knobs = Knobs(splits=2, pdl=pdl)
+    a, b, c = tensors(16, 64, 128, True)
+    run = launcher.bind(rec.library, 16, 64, 128, 128, knobs)
+    run(a, b, c, (None, 0, None), 0)
+    rec.library.launch(a, b, c, 16, 64, 128, 128, 128, 64, knobs, None, 0, 0)
+    assert rec.entries == ["E_pdl" if pdl else "E"] * 2
+    assert rec.calls[0] == rec.calls[1]
+    assert rec.calls[0][9:13] == (0, 0, 2, 0)  # the knobs' integers: pdl is not one of them
+
+
+def test_pdl_on_a_library_without_the_pdl_entry_is_a_knob_error():
+    from l2gen.runtime import ERR_KNOB, LaunchError
+
+    rec = RecordingLibrary(pdl=False)
+    with pytest.raises(LaunchError) as err:
+        TorchLauncher().bind(rec.library, 8, 8, 8, 8, Knobs(pdl=True))
+    assert err.value.status == ERR_KNOB and "L2GEN_ERR_KNOB" in str(err.value)
+    assert rec.calls == []
