@@ -25,7 +25,7 @@
 #                  stored N x K), twice; 'llmcompare' says which baseline ratios reproduce
 #   graph          the example programs on $MODES_SUITE (suites/modes.json) in graph mode:
 #                  calls back to back in one CUDA graph over rotated inputs
-#                  (GRAPH_CALLS most per graph)
+#                  (GRAPH_CALLS most per graph; results named $GRAPH_NAME, default graph)
 #   server         the same in server mode: Poisson arrivals at QPS (100) calls per second,
 #                  SERVER_REPS (30) calls per runner, event and wall time per call
 #   tune-random, tune-embedded
@@ -148,8 +148,9 @@ for step in "$@"; do
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} --suite "${MODES_SUITE:-suites/modes.json}" \
         --mode graph --graph-calls "${GRAPH_CALLS:-100}" --l2 "${BENCH_L2:-clean}" --reps "${BENCH_REPS:-50}" \
-        -o "$RESULTS/graph.json" 2> "$RESULTS/graph.log" > "$RESULTS/graph.txt" || status=1
-      tail -30 "$RESULTS/graph.txt"
+        -o "$RESULTS/${GRAPH_NAME:-graph}.json" 2> "$RESULTS/${GRAPH_NAME:-graph}.log" \
+        > "$RESULTS/${GRAPH_NAME:-graph}.txt" || status=1
+      tail -30 "$RESULTS/${GRAPH_NAME:-graph}.txt"
       ;;
     server)
       # shellcheck disable=SC2086

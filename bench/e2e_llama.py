@@ -81,12 +81,21 @@ def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+DB = None  # --db: the kernel database the l2gen variants serve from (None: the default)
+
+
 @contextmanager
 def variant(model, name: str):
-    """The model as torch runs it ("torch") or with its Linear layers through l2gen ("l2gen")."""
+    """The model as torch runs it ("torch"), with its Linear layers through l2gen ("l2gen"),
+    or through l2gen with l2gen's own kernels launched with programmatic dependent launch
+    ("l2gen+pdl": default dispatchers of their own, made for the run and put back after)."""
     if name == "torch":
         yield
         return
+    from l2gen.dispatch import use_db
+
+    if name == "l2gen+pdl":
+        use_db(DB, pdl=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # an fp32 model (--dtype fp32): patch warns that it changes nothing
         handle = l2gen.patch(model)
@@ -94,6 +103,8 @@ def variant(model, name: str):
         yield
     finally:
         handle.undo()
+        if name == "l2gen+pdl":
+            use_db(DB)  # the default again ($L2GEN_PDL)
 
 
 @contextmanager
@@ -372,7 +383,7 @@ def run_all(model, args, device: torch.device) -> dict:
                            "steps_with_other_tokens": ref["steps_with_other_tokens"]})
             profiles = {}
             for graphed in graph_modes:
-                for name in ("torch", "l2gen"):
+                for name in ("torch", "l2gen", *(("l2gen+pdl",) if args.pdl else ())):
                     if phase == "decode":
                         r = timed_decode(model, prompt, args.new_tokens, name, graphed, ref, clock, args.host_profile)
                     else:
@@ -436,6 +447,8 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16")
     p.add_argument("--device", default="cuda", help="cuda (default), or cpu to test the script itself at tiny sizes (no graphs)")
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA graph runs")
+    p.add_argument("--pdl", action="store_true",
+                   help="also run l2gen with its own kernels launched with programmatic dependent launch (variant l2gen+pdl)")
     p.add_argument("--host-profile", type=int, default=0, metavar="STEPS",
                    help="profile STEPS eager decode steps of each variant on the host (torch.profiler, CPU): the operators "
                         "whose time differs most are printed, the top ones of each saved (default 0: none)")
@@ -464,6 +477,8 @@ def main(argv=None) -> int:
     if args.db:
         from l2gen.dispatch import use_db
 
+        global DB
+        DB = args.db
         use_db(args.db)
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
     if dtype is not torch.float16:

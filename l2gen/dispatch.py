@@ -690,11 +690,11 @@ def _set_default(d: Dispatcher) -> None:
         _default_entry = d.entry
 
 
-def _new_dispatcher(db, l2: str | None = None, b_layout: BLayout = BLayout.KN) -> Dispatcher:
+def _new_dispatcher(db, l2: str | None = None, b_layout: BLayout = BLayout.KN, pdl: bool | None = None) -> Dispatcher:
     """A dispatcher for this process's GPU over ``db`` (None: ``$L2GEN_DB`` or the shipped one)."""
     gpu = detect_gpu()
     source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
-    return Dispatcher(source, gpu, l2=l2, b_layout=b_layout)
+    return Dispatcher(source, gpu, l2=l2, b_layout=b_layout, pdl=pdl)
 
 
 def _dispatcher_for(db, b_layout: BLayout = BLayout.KN) -> Dispatcher:
@@ -728,12 +728,13 @@ def default_dispatcher(b_nk: bool) -> Dispatcher:
     return d if d is not None else _dispatcher_for(None, BLayout.NK if b_nk else BLayout.KN)
 
 
-def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None) -> Dispatcher:
+def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None, pdl: bool | None = None) -> Dispatcher:
     """Make the default dispatchers (those of ``l2gen.matmul`` without ``db=`` and of the
     torch op, one per B layout) serve from ``db`` (None: ``$L2GEN_DB`` or the shipped
-    database again) the winners timed under ``l2`` (:func:`trusted_l2`); returns the one
-    for B stored K x N."""
-    made = {layout: _new_dispatcher(db, l2, layout) for layout in BLayout}
+    database again) the winners timed under ``l2`` (:func:`trusted_l2`), with
+    programmatic dependent launch for l2gen's kernels if ``pdl`` (None: ``$L2GEN_PDL``);
+    returns the one for B stored K x N."""
+    made = {layout: _new_dispatcher(db, l2, layout, pdl) for layout in BLayout}
     with _dispatchers_lock:
         for d in made.values():
             _set_default(d)

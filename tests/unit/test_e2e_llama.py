@@ -134,3 +134,15 @@ def test_a_bad_model_is_refused_before_anything_runs(tmp_path, capsys):
     config.write_text(json.dumps({**TINY, "hidden_size": -1}))
     assert e2e.main(["--model", str(config), "--device", "cpu", "--out", str(tmp_path / "x.json")]) == 2
     assert "E-CONFIG: 'hidden_size' must be positive" in capsys.readouterr().err
+
+
+def test_pdl_adds_a_variant_and_puts_the_default_dispatchers_back(tmp_path, monkeypatch):
+    from l2gen import dispatch
+
+    monkeypatch.delenv("L2GEN_PDL", raising=False)
+    rc, out = _run_tiny(tmp_path, "--batches", "1", "--prefill", "0", "--pdl")
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["torch", "l2gen", "l2gen+pdl"]
+    assert all(r["tokens_match_torch"] for r in rows)
+    assert dispatch.dispatcher(b_layout=dispatch.BLayout.NK).pdl is False  # the default again after the run
