@@ -9,7 +9,8 @@ Prints one line per (file, shape) and the median over shapes (issue target: >= 0
 ``--learned`` also ranks each shape's programs by the learned model
 (:class:`l2gen.search.learned.LearnedModel`) fit on every other shape's rows of the files
 given (leave-one-shape-out: no row of the shape itself, from any file, is seen), as it
-would rank a shape never measured:
+would rank a shape never measured, beside the same regression without its per-program
+neighbour correction ("ridge"):
 
     python bench/model_rank.py --learned bench/results/2026-12-04-h200-decode-run1-c7524d3.json ...
 """
@@ -40,7 +41,7 @@ def _rows(paths: list[str]) -> list[tuple[str, Shape, object, float]]:
 def main(paths: list[str], learned: bool = False) -> int:
     gpu = GPUS["h200"]
     rows = _rows(paths)
-    per_shape, per_shape_learned = [], []
+    per_shape, per_shape_learned, per_shape_ridge = [], [], []
     models: dict[tuple, LearnedModel] = {}  # one per left-out shape, whichever files hold it
     keys = sorted({(path, (s.m, s.n, s.k)) for path, s, _, _ in rows})
     for path, key in keys:
@@ -57,14 +58,19 @@ def main(paths: list[str], learned: bool = False) -> int:
                 models[key] = LearnedModel(gpu).fit((p, s, t) for _, s, p, t in rows if (s.m, s.n, s.k) != key)
             model = models[key]
             lrho = spearman(model.predict_us([p for _, p, _ in mine], shape), times)
+            model.neighbours = False
+            rrho = spearman(model.predict_us([p for _, p, _ in mine], shape), times)
+            model.neighbours = True
             per_shape_learned.append(lrho)
-            line += f"  learned {lrho:+.2f}"
+            per_shape_ridge.append(rrho)
+            line += f"  learned {lrho:+.2f}  ridge {rrho:+.2f}"
         print(line)
     if not per_shape:
         print("no shape with 3 or more verified programs", file=sys.stderr)
         return 1
     print(f"median over {len(per_shape)} shapes: {statistics.median(per_shape):+.2f}"
-          + (f"  learned (leave-one-shape-out): {statistics.median(per_shape_learned):+.2f}" if learned else ""))
+          + (f"  learned (leave-one-shape-out): {statistics.median(per_shape_learned):+.3f}"
+             f" (ridge alone {statistics.median(per_shape_ridge):+.3f})" if learned else ""))
     return 0
 
 

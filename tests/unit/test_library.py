@@ -3,6 +3,8 @@ building it, and tuning that starts from it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from l2gen.search import library
@@ -209,6 +211,39 @@ def test_a_learned_model_ranks_a_new_shape_by_what_was_measured_on_others(shippe
     assert LearnedModel(H200).predict_us(programs[:2], new) == [model_us(p, new, H200) for p in programs[:2]]
     assert spearman([1, 2, 3, 3], [10, 20, 30, 30]) == pytest.approx(1.0)
     assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0) and spearman([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_a_program_that_measured_apart_on_nearby_shapes_is_ranked_so_on_a_new_one(shipped):
+    """What the regression's features learn only in part, the program's own record on nearby
+    shapes adds: of two programs measured at half and twice the time the rest of their rows
+    say, on the training shapes, the first is predicted faster and the second slower on a
+    shape between those than by the regression alone, their ratio moved by more than half
+    the 4x skew's square root. A far-away record moves a prediction far less; a program
+    never measured gets no correction."""
+    from l2gen.search.learned import LearnedModel
+
+    rows = _biased_rows(shipped, [Shape(16, 4096, 4096), Shape(16, 8192, 4096), Shape(32, 4096, 8192)])
+    a, b = rows[0][0], rows[1][0]
+    new, far = Shape(16, 6144, 4096), Shape(4096, 64, 64)
+    skewed = [(p, s, t * (0.5 if p == a else 2.0 if p == b else 1.0)) for p, s, t in rows]
+    model = LearnedModel(H200).fit(skewed)
+    plain = dict(zip("ab", model.predict_us([a, b], new)))
+    model.neighbours = False
+    ridge = dict(zip("ab", model.predict_us([a, b], new)))
+    model.neighbours = True
+    assert plain["a"] < ridge["a"] and plain["b"] > ridge["b"]
+    assert plain["a"] / plain["b"] < 0.7 * ridge["a"] / ridge["b"]
+    near_shift = abs(math.log(plain["a"] / ridge["a"]))
+    far_plain, = model.predict_us([a], far)
+    model.neighbours = False
+    far_ridge, = model.predict_us([a], far)
+    model.neighbours = True
+    assert abs(math.log(far_plain / far_ridge)) < 0.1 * near_shift
+    unseen = next(s for s in library.knob_settings(shipped[-1], new, H200) if program_key(s) not in {program_key(p) for p, _, _ in rows})
+    model.neighbours = False
+    alone, = model.predict_us([unseen], new)
+    model.neighbours = True
+    assert model.predict_us([unseen], new) == [alone]
 
 
 def test_a_learned_model_needs_enough_measurements(tmp_path, shipped):
