@@ -12,10 +12,10 @@ from ..timing import DEFAULT_ROUNDS, MIN_REPS
 from ..validate import at_least, fraction, gemm_shape, output_file, write_atomic
 
 
-def _learn_library_ranking(args, policy) -> None:
-    """Rank the library's settings by a model learned from measurements where there are
-    enough: this run's database, the serving database and the measured rows shipped for
-    the GPU (same protocol; both B layouts, whose costs the model's features tell apart).
+def _learned_model(args):
+    """A cost model learned from measurements where there are enough (None: the analytic
+    model ranks): this run's database, the serving database and the measured rows shipped
+    for the GPU (same protocol; both B layouts, whose costs the model's features tell apart).
     The rows of many shapes are what make it rank an unseen shape well: fit on the serving
     database's decode and split-K rows alone it ranked other shapes below the analytic
     model (bench/results/README.md, "What the learned model needs to learn from")."""
@@ -32,17 +32,37 @@ def _learn_library_ranking(args, policy) -> None:
         for path in paths:  # rows of another protocol do not count: the lookups ask for args.l2
             if path.is_file():
                 dbs.append(KernelDB(path, readonly=True))
-        policy.model = LearnedModel.from_dbs(dbs, args.gpu, l2=args.l2)
+        model = LearnedModel.from_dbs(dbs, args.gpu, l2=args.l2)
     except DatabaseError as exc:
         eprint(f"[tune] kernel library: no learned ranking ({exc}); the analytic model ranks it")
-        return
+        return None
     finally:
         for db in dbs:
             db.close()
-    if policy.model is None:
+    if model is None:
         eprint(f"[tune] kernel library: fewer than {MIN_ROWS} measurements to learn from; the analytic model ranks it")
     else:
-        eprint(f"[tune] kernel library: ranked by a model learned from {len(policy.model)} measurements")
+        eprint(f"[tune] kernel library: ranked by a model learned from {len(model)} measurements")
+    return model
+
+
+RANKED_IN_PROMPT = 5  # the cost model's first knob settings an LLM policy's prompt shows
+
+
+def _rank_for_the_llm(args, policy, programs, model) -> None:
+    """Give an LLM policy (alone or wrapped) the cost model's ranking of the kernel
+    library for each shape it is asked about: the same order the library's first
+    proposals follow."""
+    from ..ir import BLayout
+    from ..search.library import predictions
+    from ..search.llm import LLMPolicy
+
+    llm = getattr(policy, "inner", policy)
+    if not isinstance(llm, LLMPolicy) or not programs:
+        return
+    score = model.predict_us if model is not None else None
+    layout = BLayout(args.b_layout)
+    llm.ranking = lambda shape: predictions(programs, shape, args.gpu, RANKED_IN_PROMPT, b_layout=layout, score=score)
 
 
 def _policy(args):
@@ -120,6 +140,7 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
         if path:  # before the work: a run must not end unable to write what it learned
             output_file(path, option)
     policy = _policy(args)  # a policy that cannot be made (an LLM not configured) before any file is touched
+    programs = []
     if args.library is not None:  # the library's knob settings first: launches of libraries already built
         from ..ir import BLayout
         from ..search.library import load
@@ -141,8 +162,20 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
         raise usage("E-EVIDENCE", f"{exc} (this tune {'simulates' if args.simulate else 'measures on a GPU'})") from None
     except DatabaseError as exc:
         raise fail("E-DB", str(exc)) from None
-    if args.library is not None and not args.simulate:
-        _learn_library_ranking(args, policy)
+    ranks = args.library is not None or args.policy == "llm"
+    model = _learned_model(args) if ranks and not args.simulate else None
+    if args.library is not None:
+        policy.model = model
+    if args.policy == "llm":
+        if not programs:  # the shipped library, ranked for the prompt only (none shipped: no ranking)
+            from ..diagnostics import DiagnosticError
+            from ..search.library import load
+
+            try:
+                programs = load(args.gpu)
+            except DiagnosticError:
+                programs = []
+        _rank_for_the_llm(args, policy, programs, model)
     evaluator = _evaluator(args)
     try:
         with KernelDB(args.db) as db, reporter() as report:

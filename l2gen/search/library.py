@@ -106,6 +106,13 @@ def ranked(programs: Sequence[Program], shape: Shape, gpu: Gpu, n: int, *, b_lay
     second best, and so on, so that a model wrong about one configuration costs one
     measurement, not the batch. None whose :func:`~l2gen.problem.program_key` is in
     ``exclude``."""
+    return [program for program, _ in predictions(programs, shape, gpu, n, b_layout=b_layout, exclude=exclude, score=score)]
+
+
+def predictions(programs: Sequence[Program], shape: Shape, gpu: Gpu, n: int, *, b_layout: BLayout | None = None,
+                exclude: set[str] | frozenset[str] = frozenset(),
+                score: Callable[[Sequence[Program], Shape], Sequence[float]] | None = None) -> list[tuple[Program, float]]:
+    """:func:`ranked`'s knob settings, each with the µs the model predicts for it."""
     if score is None:
         def score(candidates, shape):
             return [model_us(c, shape, gpu) for c in candidates]
@@ -121,7 +128,7 @@ def ranked(programs: Sequence[Program], shape: Shape, gpu: Gpu, n: int, *, b_lay
     groups.sort(key=lambda g: g[0][0])
     out = []
     for depth in range(max((len(g) for g in groups), default=0)):
-        out.extend(g[depth][2] for g in groups if depth < len(g))
+        out.extend((g[depth][2], g[depth][0]) for g in groups if depth < len(g))
         if len(out) >= n:
             break
     return out[:n]

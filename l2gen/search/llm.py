@@ -35,7 +35,7 @@ import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from ..diagnostics import Diagnostic
@@ -210,6 +210,9 @@ class LLMPolicy:
         self._fatal: LLMError | None = None
         self._failures_in_row = 0
         self.prompts: list[str] = []  # user prompts sent, newest last (for inspection/tests)
+        # shape -> the cost model's first (program, predicted µs) for it, shown in each task
+        # prompt (l2gen tune sets it: the kernel library ranked by the learned model)
+        self.ranking: Callable[[Shape], Sequence[tuple[Program, float]]] | None = None
 
     # -- Policy interface -------------------------------------------------------------
 
@@ -267,7 +270,8 @@ class LLMPolicy:
         proposed = [p.program for p in batch if not p.meta.get("unparsed")]
         seen = set(self._memory.get(shape, {})) | {program_key(p) for p in proposed}
         examples = self._examples(shape)
-        answer, failure = self._ask(shape, task_prompt(shape, self.gpu, examples, proposed))
+        ranked = self._ranked(shape)
+        answer, failure = self._ask(shape, task_prompt(shape, self.gpu, examples, proposed, ranked=ranked))
         if failure:
             raise _Unanswered(failure)
         program, diags = read_answer(answer.text, self.gpu)
@@ -279,7 +283,7 @@ class LLMPolicy:
             if diags:
                 follow = repair_prompt(shape, self.gpu, answer.text, diags)
             else:
-                follow = task_prompt(shape, self.gpu, examples, proposed, repeated=program)
+                follow = task_prompt(shape, self.gpu, examples, proposed, repeated=program, ranked=ranked)
             fix, failure = self._ask(shape, follow)
             if failure:
                 diags = diags + [failure] if diags else diags
@@ -482,6 +486,17 @@ class LLMPolicy:
             return
         error = (m.error or "").strip().splitlines()[0][:200] if m.error else None
         entries[key] = Entry(one_line(m.program), m.status, m.speedup, error)
+
+    def _ranked(self, shape: Shape) -> Sequence[tuple[Program, float]]:
+        """The cost model's first choices for ``shape`` (none without a ranking, or where
+        the model cannot rank it: the prompt then goes without, as before)."""
+        if self.ranking is None:
+            return ()
+        try:
+            return list(self.ranking(shape))
+        except Exception as exc:  # a model's failure must not stop the search
+            log.warning("llm policy: no cost-model ranking for %s (%s)", shape, exc)
+            return ()
 
     def _examples(self, shape: Shape) -> "Examples":
         here = list(self._memory.get(shape, {}).values())

@@ -228,11 +228,17 @@ def wave_fits(shape: Shape, gpu: Gpu, top: int = 3) -> list[tuple[int, int, int,
 
 
 def task_prompt(
-    shape: Shape, gpu: Gpu, ex: Examples, proposed: Sequence[Program] = (), repeated: Program | None = None
+    shape: Shape, gpu: Gpu, ex: Examples, proposed: Sequence[Program] = (), repeated: Program | None = None,
+    ranked: Sequence[tuple[Program, float]] = (),
 ) -> str:
     """The request for one new program for ``shape`` (``repeated``: the previous answer,
-    which repeated a known program)."""
+    which repeated a known program; ``ranked``: the cost model's first knob settings of the
+    kernel library for the shape, with the µs it predicts)."""
     parts = [shape_facts(shape, gpu)]
+    if ranked:
+        parts.append("The cost model's first choices among the kernel library's configurations for this shape "
+                     "(predicted µs: a model fit on measurements, not a measurement):\n"
+                     + _lines(f"{one_line(p)} -> ~{us:.1f} us" for p, us in ranked))
     if ex.best:
         parts.append("Fastest measured on this shape (speedup over cuBLAS-best):\n" + _lines(map(_entry, ex.best)))
     else:

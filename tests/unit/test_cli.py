@@ -148,6 +148,16 @@ def test_tune_llm_policy_end_to_end_against_a_loopback_server(tmp_path, monkeypa
         assert "128x4096x4096" in out and "llm usage:" in out
         assert main(["db", "show", "--db", db]) == 0
         assert "4 measurements" in capsys.readouterr().out
+        # each task prompt shows the cost model's first knob settings of the shipped library
+        from l2gen.ir import BLayout
+        from l2gen.problem import Shape
+        from l2gen.search.library import load, predictions
+        from l2gen.search.llm_prompt import one_line
+        from l2gen.targets import GPUS
+
+        first = predictions(load(GPUS["h200"]), Shape(128, 4096, 4096), GPUS["h200"], 5, b_layout=BLayout.KN)
+        prompts = [str(body) for _, body in server.requests]
+        assert prompts and all("cost model's first choices" in p and one_line(first[0][0]) in p for p in prompts)
     finally:
         server.close()
 

@@ -75,3 +75,22 @@ def test_every_unparsable_answer_is_recorded_with_its_diagnostics(server, tmp_pa
         assert summary.results[SHAPES[0]].counts["rejected"] == 2
         errors = [m.error for m in db.history(H200, SHAPES[0]) if m.status == "rejected"]
         assert len(errors) == 2 and all(e and "E-" in e for e in errors)
+
+
+def test_the_prompt_shows_the_ranking_it_is_given_and_goes_on_without_a_broken_one(server, tmp_path):
+    from l2gen.search.library import load, predictions
+    from l2gen.search.llm_prompt import one_line
+
+    server.default = distinct(fenced)
+    programs = load(H200)
+    for broken in (False, True):
+        policy = make(server)
+        if broken:
+            policy.ranking = lambda shape: 1 / 0
+        else:
+            policy.ranking = lambda shape: predictions(programs, shape, H200, 3)
+        with KernelDB(tmp_path / f"k{broken}.db") as db:
+            assert run(policy, db, shapes=SHAPES[:1], budget=2, batch=1).results[SHAPES[0]].measured == 2
+        first = predictions(programs, SHAPES[0], H200, 3)
+        shown = ["cost model's first choices" in p and one_line(first[0][0]) in p for p in policy.prompts]
+        assert shown and all(s is not broken for s in shown)
