@@ -156,9 +156,10 @@ def test_persistent_programs_have_a_one_unit_kernel_with_uniform_wgmma_descripto
 
 def test_every_kernel_waits_for_the_grid_before_it_and_lets_the_next_one_start(built):
     """Programmatic dependent launch (knob pdl): every kernel of every program waits for
-    the grid before it (griddepcontrol.wait: ACQBULK) once, before its first load, and lets
-    the next grid launch (griddepcontrol.launch_dependents: PREEXIT); the library exports
-    the entry that launches it so (E_pdl) beside E."""
+    the grid before it (griddepcontrol.wait: ACQBULK) once, before its first load, has the
+    TMA prefetches into L2 that E_pdl runs before that wait (UTMAPF.L2), and lets the next
+    grid launch (griddepcontrol.launch_dependents: PREEXIT); the library exports the entry
+    that launches it so (E_pdl) beside E."""
     import ctypes
 
     for name, result in built.items():
@@ -170,6 +171,7 @@ def test_every_kernel_waits_for_the_grid_before_it_and_lets_the_next_one_start(b
             assert len(waits) == 1, f"{name} {kernel}: {len(waits)} griddepcontrol.wait"
             assert loads and waits[0] < min(loads), f"{name} {kernel}: a TMA load before the wait"
             assert re.search(r"\bPREEXIT\b", code), f"{name} {kernel}: no launch_dependents"
+            assert re.search(r"\bUTMAPF\.L2\.2D\b", code), f"{name} {kernel}: no TMA prefetch into L2"
         library = ctypes.CDLL(str(result.library))
         assert hasattr(library, result.source.entry) and hasattr(library, f"{result.source.entry}_pdl"), name
 
