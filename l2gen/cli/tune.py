@@ -34,15 +34,15 @@ def _learned_model(args):
                 dbs.append(KernelDB(path, readonly=True))
         model = LearnedModel.from_dbs(dbs, args.gpu, l2=args.l2)
     except DatabaseError as exc:
-        eprint(f"[tune] kernel library: no learned ranking ({exc}); the analytic model ranks it")
+        eprint(f"[tune] cost model: no learned ranking ({exc}); the analytic model ranks the library")
         return None
     finally:
         for db in dbs:
             db.close()
     if model is None:
-        eprint(f"[tune] kernel library: fewer than {MIN_ROWS} measurements to learn from; the analytic model ranks it")
+        eprint(f"[tune] cost model: fewer than {MIN_ROWS} measurements to learn from; the analytic model ranks the library")
     else:
-        eprint(f"[tune] kernel library: ranked by a model learned from {len(model)} measurements")
+        eprint(f"[tune] cost model: the library ranked by a model learned from {len(model)} measurements")
     return model
 
 
