@@ -16,7 +16,7 @@
 # Steps:
 #   info           GPU, driver, nvcc, torch
 #   sample         compile SAMPLE_COUNT random programs (SAMPLE_SEED, SAMPLE_BUNDLE)
-#   gputests       pytest $GPUTESTS (default tests/gpu)
+#   gputests       pytest $GPUTESTS (default tests/gpu; log $GPUTESTS_NAME.log, default gputests)
 #   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite, BENCH_REPS timed runs
 #                  in each of BENCH_ROUNDS rounds; bench2 is a second, independent run;
 #                  'compare' says which ratios reproduce between them (files named
@@ -119,7 +119,7 @@ for step in "$@"; do
     gputests)
       # shellcheck disable=SC2086
       timeout "${GPUTESTS_TIMEOUT:-400}" python3 -m pytest ${GPUTESTS:-tests/gpu} -v -rs --durations=8 \
-        -p no:cacheprovider 2>&1 | tee "$RESULTS/gputests.log" | tail -40
+        -p no:cacheprovider 2>&1 | tee "$RESULTS/${GPUTESTS_NAME:-gputests}.log" | tail -40
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
       ;;
     bench|bench2)
