@@ -445,6 +445,7 @@ def test_pdl_chains_verify_back_to_back_and_in_a_graph(libs, name, m, k, knobs):
         for x in xs[1:]:
             device.poison(x)
         device.write(xs[0], x0)
+        device.synchronize()  # the poison and the copy (legacy stream) before the chain's stream
         run_chain(xs, stream)
         stream.synchronize()
         outs = [device.read(x) for x in xs]
@@ -458,7 +459,7 @@ def test_pdl_chains_verify_back_to_back_and_in_a_graph(libs, name, m, k, knobs):
         for replay in range(4):
             device.write(pair[0], x0)
             device.poison(pair[1])
-            stream.synchronize()
+            device.synchronize()
             if replay == 0:
                 run_chain(pair, stream)
             else:
