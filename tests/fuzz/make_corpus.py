@@ -53,7 +53,7 @@ def kernels() -> None:
     sm90 = (ROOT / "examples" / "streamk_sm90.l2").read_text()
     l2g = (ROOT / "examples" / "decode_swap_l2gen.l2").read_text()
     body = tiny[tiny.index("\nkernel ") + 1:]  # the program without its leading comment
-    good = {"tiny": tiny, "sm90": sm90, "l2gen": l2g}
+    good = {"tiny": tiny, "sm90": sm90, "l2gen": l2g, "l2gen_pdl": l2g.replace("stages  4", "stages  4\n    pdl on")}
     for name, text in good.items():
         case(f"kernel_ok_{name}", ["check", "{input}"], "ok", input=text, ext=".l2")
     bad = {
@@ -102,6 +102,9 @@ def kernels() -> None:
         "unknown_word": body.replace("raster       heuristic", "raster       diagonal"),
         "unknown_decision": body.replace("stages       3", "stages       3\n    unroll       4"),
         "impl_on_sm80": body.replace("arch         sm80", "arch         sm80\n    impl l2gen"),
+        "pdl_on_sm80": body.replace("stages       3", "stages       3\n    pdl on"),
+        "pdl_on_cutlass": sm90.replace("stages        auto", "stages        auto\n    pdl on"),
+        "pdl_maybe_l2gen": l2g.replace("stages  4", "stages  4\n    pdl maybe"),
         "name_template": body.replace("kernel tiny_sm80", "kernel tiny<int>"),
         "name_namespace": body.replace("kernel tiny_sm80", "kernel std::tiny"),
         "name_digit": body.replace("kernel tiny_sm80", "kernel 9tiny"),
