@@ -51,15 +51,21 @@ RANKED_IN_PROMPT = 5  # the cost model's first knob settings an LLM policy's pro
 
 def _rank_for_the_llm(args, policy, programs, model) -> None:
     """Give an LLM policy (alone or wrapped) the cost model's ranking of the kernel
-    library for each shape it is asked about: the same order the library's first
-    proposals follow."""
+    library (``programs``; none given: the one shipped for the GPU, if any) for each shape
+    it is asked about: the same order the library's first proposals follow."""
+    from ..diagnostics import DiagnosticError
     from ..ir import BLayout
-    from ..search.library import predictions
+    from ..search.library import load, predictions
     from ..search.llm import LLMPolicy
 
     llm = getattr(policy, "inner", policy)
-    if not isinstance(llm, LLMPolicy) or not programs:
+    if not isinstance(llm, LLMPolicy):
         return
+    if not programs:
+        try:
+            programs = load(args.gpu)
+        except DiagnosticError:  # none shipped: no ranking
+            return
     score = model.predict_us if model is not None else None
     layout = BLayout(args.b_layout)
     llm.ranking = lambda shape: predictions(programs, shape, args.gpu, RANKED_IN_PROMPT, b_layout=layout, score=score)
@@ -166,16 +172,7 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
     model = _learned_model(args) if ranks and not args.simulate else None
     if args.library is not None:
         policy.model = model
-    if args.policy == "llm":
-        if not programs:  # the shipped library, ranked for the prompt only (none shipped: no ranking)
-            from ..diagnostics import DiagnosticError
-            from ..search.library import load
-
-            try:
-                programs = load(args.gpu)
-            except DiagnosticError:
-                programs = []
-        _rank_for_the_llm(args, policy, programs, model)
+    _rank_for_the_llm(args, policy, programs, model)
     evaluator = _evaluator(args)
     try:
         with KernelDB(args.db) as db, reporter() as report:
