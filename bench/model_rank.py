@@ -38,25 +38,36 @@ def _rows(paths: list[str]) -> list[tuple[str, Shape, object, float]]:
     return out
 
 
+def _groups(rows, least: int):
+    """(file, (M, N, K), its [(shape, program, µs)]) of every (file, shape) of ``rows`` with
+    at least ``least`` verified programs, in file and shape order."""
+    for path, key in sorted({(path, (s.m, s.n, s.k)) for path, s, _, _ in rows}):
+        mine = [(s, p, t) for f, s, p, t in rows if f == path and (s.m, s.n, s.k) == key]
+        if len(mine) >= least:
+            yield path, key, mine
+
+
+def _left_out(rows, key, models: dict, gpu) -> LearnedModel:
+    """The learned model fit on every row of ``rows`` but shape ``key``'s, from any file (one
+    per left-out shape, kept in ``models``)."""
+    if key not in models:
+        models[key] = LearnedModel(gpu).fit((p, s, t) for _, s, p, t in rows if (s.m, s.n, s.k) != key)
+    return models[key]
+
+
 def main(paths: list[str], learned: bool = False) -> int:
     gpu = GPUS["h200"]
     rows = _rows(paths)
     per_shape, per_shape_learned, per_shape_ridge = [], [], []
-    models: dict[tuple, LearnedModel] = {}  # one per left-out shape, whichever files hold it
-    keys = sorted({(path, (s.m, s.n, s.k)) for path, s, _, _ in rows})
-    for path, key in keys:
-        mine = [(s, p, t) for f, s, p, t in rows if f == path and (s.m, s.n, s.k) == key]
-        if len(mine) < 3:
-            continue
+    models: dict[tuple, LearnedModel] = {}
+    for path, key, mine in _groups(rows, 3):
         shape = mine[0][0]
         times = [t for _, _, t in mine]
         rho = spearman([model_us(p, shape, gpu) for _, p, _ in mine], times)
         per_shape.append(rho)
         line = f"{path.split('/')[-1]:55s} {'x'.join(map(str, key)):>18s} n={len(mine):3d} spearman {rho:+.2f}"
         if learned:
-            if key not in models:
-                models[key] = LearnedModel(gpu).fit((p, s, t) for _, s, p, t in rows if (s.m, s.n, s.k) != key)
-            model = models[key]
+            model = _left_out(rows, key, models, gpu)
             lrho = spearman(model.predict_us([p for _, p, _ in mine], shape), times)
             model.neighbours = False
             rrho = spearman(model.predict_us([p for _, p, _ in mine], shape), times)

@@ -19,7 +19,7 @@ import argparse
 import statistics
 import sys
 
-from model_rank import _rows
+from model_rank import _groups, _left_out, _rows
 
 from l2gen.search.learned import LearnedModel
 from l2gen.search.simulate import model_us
@@ -45,21 +45,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     gpu = GPUS["h200"]
     rows = _rows(args.files)
-    keys = sorted({(path, (s.m, s.n, s.k)) for path, s, _, _ in rows})
     models: dict[tuple, LearnedModel] = {}
     results = {"learned": [], "analytic": [], "random": []}
     sizes = []
-    for path, key in keys:
-        mine = [(s, p, t) for f, s, p, t in rows if f == path and (s.m, s.n, s.k) == key]
-        if len(mine) < args.min:
-            continue
+    for path, key, mine in _groups(rows, args.min):
         shape = mine[0][0]
         times = [t for _, _, t in mine]
         best = min(times)
         good = {i for i, t in enumerate(times) if t <= best * (1 + args.within)}
-        if key not in models:
-            models[key] = LearnedModel(gpu).fit((p, s, t) for _, s, p, t in rows if (s.m, s.n, s.k) != key)
-        predicted = models[key].predict_us([p for _, p, _ in mine], shape)
+        predicted = _left_out(rows, key, models, gpu).predict_us([p for _, p, _ in mine], shape)
         analytic = [model_us(p, shape, gpu) for _, p, _ in mine]
         learned_k = picks_until(sorted(range(len(mine)), key=predicted.__getitem__), good)
         analytic_k = picks_until(sorted(range(len(mine)), key=analytic.__getitem__), good)
