@@ -43,29 +43,9 @@ def libs():
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_warpgroup_release_verifies(libs, name):
-    from l2gen.ir import Knobs, SplitK
-    from l2gen.runtime import DeviceBuffer, Stream
-    from l2gen.verify import CudaDevice, verify
+    """Every knob setting test_l2gen_kernel's programs are verified under (splits 1 and 2
+    where the program splits K), with the same verification and workspace check."""
+    from tests.gpu.test_l2gen_kernel import _verify_all
 
-    program, lib = libs[name]
-    layout = program.b_layout.value
-    device = CudaDevice()
-    bad = []
-    with Stream() as stream:
-        for m, n, k in PROGRAMS[name][1]:
-            for splits in (1, 2) if program.config.split_k is SplitK.ATOMIC else (1,):
-                knobs = Knobs(splits=splits)
-                need = lib.workspace_size(m, n, k, knobs)
-                ws = DeviceBuffer(need) if need else None
-                if ws is not None:
-                    ws.fill_bytes(0)
-
-                def kernel(a, b, c, m=m, n=n, k=k, knobs=knobs, ws=ws, need=need):
-                    lib.launch(a, b, c, m, n, k, k, n if layout == "kn" else k, n, knobs, ws, need, stream)
-
-                r = verify(kernel, m, n, k, b_layout=layout, seeds=2, device=device)
-                if not r.ok:
-                    bad.append(f"{m}x{n}x{k} splits {splits}: {r.error}")
-                if ws is not None:
-                    ws.free()
-    assert not bad, "\n".join(bad)
+    failures = _verify_all(libs, [name], PROGRAMS[name][1], (2,))
+    assert not failures, "\n".join(failures)
