@@ -143,6 +143,9 @@ class Knobs:
     kernel's set-up overlaps the end of the kernel before it on the stream. It shows only
     where calls run back to back (CUDA graphs, a busy stream); it picks the library's entry
     (``E_pdl``), not an argument of it.
+    ``grid``: the most CTAs a persistent launch may have (so the most SMs it keeps busy;
+    sm90a kernels that loop over their tiles), 0 for as many as the GPU holds at once. Less
+    leaves SMs to work on other streams, or sizes stream-K's runs.
     """
 
     raster: Raster = Raster.HEURISTIC
@@ -150,15 +153,17 @@ class Knobs:
     splits: int = 1
     decomposition: Decomposition = Decomposition.HEURISTIC
     pdl: bool = False
+    grid: int = 0
     span: Span = _span_field()
 
-    def as_args(self) -> tuple[int, int, int, int]:
+    def as_args(self) -> tuple[int, int, int, int, int]:
         """The integers the generated entry point takes, in ABI order."""
         return (
             list(Raster).index(self.raster),
             self.swizzle,
             self.splits,
             list(Decomposition).index(self.decomposition),
+            self.grid,
         )
 
 

@@ -45,8 +45,8 @@ GRAMMAR_PATH = GRAMMAR_DIR / "l2gen.lark"
 COMMON = ("arch", "b_layout", "tile", "stages", "raster", "swizzle", "splits")
 ONLY = {
     Family.SM80: ("epilogue", "warps", "smem_swizzle", "split_k", "min_blocks"),
-    Family.SM90: ("impl", "epilogue", "cluster", "mainloop", "scheduler", "decomposition"),
-    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster", "decomposition", "pdl"),
+    Family.SM90: ("impl", "epilogue", "cluster", "mainloop", "scheduler", "decomposition", "grid"),
+    Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster", "decomposition", "pdl", "grid"),
 }
 KEYWORD = {"b_layout": "b"}  # decision name -> the keyword written in the DSL
 
@@ -278,7 +278,8 @@ class _Builder:
             )
         knob_span = spans.get("splits") or spans.get("swizzle") or spans.get("raster") or header
         knobs = Knobs(
-            **given(get, raster=Raster, swizzle=None, splits=None, decomposition=Decomposition, pdl=lambda v: v == "on"),
+            **given(get, raster=Raster, swizzle=None, splits=None, decomposition=Decomposition, pdl=lambda v: v == "on",
+                    grid=None),
             span=knob_span,
         )
         return Program(
@@ -307,7 +308,7 @@ class _Builder:
             return tuple(int(t) for t in toks)
         if decision == "stages":
             return "auto" if str(toks[0]) == "auto" else int(toks[0])
-        if decision in ("min_blocks", "swizzle", "splits"):
+        if decision in ("min_blocks", "swizzle", "splits", "grid"):
             return int(toks[0])
         return str(toks[0])  # an enum word; converted once the family is known
 

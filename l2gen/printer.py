@@ -54,6 +54,8 @@ def _lines(program: Program) -> list[tuple[str, str]]:
         out.append(("decomposition", kn.decomposition.value))
     if kn.pdl:  # written only when on: every program keyed before the knob keeps its text
         out.append(("pdl", "on"))
+    if kn.grid:  # likewise written only when set
+        out.append(("grid", str(kn.grid)))
     return out
 
 

@@ -556,6 +556,39 @@ def _knobs_pdl(p, gpu):
                       f"this {p.family.value} kernel has no such wait")
 
 
+@rule("knobs.grid", "E-KNOB", (*SM90, *L2GEN), ("grid", "mainloop", "split_k", "stages", "decomposition", "cluster"),
+      "grid N other than 0 is 1..{gpu.sms} whole clusters and needs a kernel that loops over its tiles "
+      "(cutlass mainloop pingpong or cooperative, l2gen but split_k cluster, decomposition data_parallel or "
+      "a persistent kernel over the shared memory)")
+def _knobs_grid(p, gpu):
+    g = p.knobs.grid
+    if not g:
+        return
+    c = p.config
+    if g < 0 or g > gpu.sms:
+        yield "grid", f"grid {g}: the most CTAs a persistent launch may have is between 1 and {gpu.sms} ({gpu.name}'s SMs), or 0 for all of them"
+        return
+    ctas = c.cluster[0] * c.cluster[1]
+    if g % ctas:
+        yield "grid", f"grid {g} is not whole clusters of {ctas} CTAs ({c.cluster[0]} x {c.cluster[1]}): give a multiple of {ctas}"
+    if p.family is Family.SM90:
+        if c.mainloop is Mainloop.WS:
+            yield "mainloop", f"grid {g}: 'mainloop ws' launches a CTA per tile; pingpong and cooperative loop over tiles on a capped grid"
+    elif c.split_k is SplitK.CLUSTER:
+        yield "split_k", f"grid {g}: 'split_k cluster' launches a cluster per tile; the other reductions loop over tiles on a capped grid"
+    elif not l2gen_persistent(c, gpu.smem_per_block):
+        yield "stages", (f"grid {g}: the persistent kernel needs {l2gen_persistent_smem_bytes(c)} bytes of shared memory (the epilogue's "
+                         f"buffers beside {c.stages} stages), over the {gpu.smem_per_block} a block may use on {gpu.name}: use fewer stages")
+    elif p.knobs.decomposition is Decomposition.DATA_PARALLEL:
+        yield "decomposition", f"grid {g}: 'decomposition data_parallel' launches a CTA per unit, in waves; use heuristic or stream_k"
+
+
+@rule("knobs.grid_sm80", "E-KNOB", SM80, ("grid",), "grid stays 0 (a CTA per tile, in waves: no persistent grid to cap)")
+def _knobs_grid_sm80(p, gpu):
+    if p.knobs.grid:
+        yield "grid", f"grid {p.knobs.grid}: sm80 kernels launch a CTA per tile, in waves; there is no persistent grid to cap (leave it 0)"
+
+
 @rule("sm90.splits", "E-SPLITS", SM90, ("splits", "scheduler"), "splits > 1 needs scheduler stream_k")
 def _sm90_splits(p, gpu):
     s = p.knobs.splits

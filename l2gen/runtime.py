@@ -424,11 +424,12 @@ _ENTRY_ARGS = [
     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,  # A, B, C
     _c_int, _c_int, _c_int,  # M, N, K
     _c_int, _c_int, _c_int,  # lda, ldb, ldc
-    _c_int, _c_int, _c_int, _c_int,  # raster, swizzle_log2, splits, decomposition
+    _c_int, _c_int, _c_int, _c_int, _c_int,  # raster, swizzle_log2, splits, decomposition, grid
     ctypes.c_void_p, ctypes.c_size_t,  # workspace, workspace_bytes
     ctypes.c_void_p,  # cudaStream_t
 ]
-_WORKSPACE_ARGS = [_c_int] * 7
+_WORKSPACE_ARGS = [_c_int] * 8
+ABI_VERSION = 2  # templates/common.cuh.j2 L2GEN_ABI_VERSION: the arguments above
 
 
 class Library:
@@ -441,6 +442,14 @@ class Library:
         self.path = Path(path)
         self.entry = entry
         self._dll = ctypes.CDLL(str(self.path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        # Called with another argument list, an entry would read garbage: check first.
+        abi = getattr(self._dll, f"{entry}_abi", None)
+        if abi is not None:
+            abi.argtypes, abi.restype = [], _c_int
+        version = int(abi()) if abi is not None else 1
+        if version != ABI_VERSION:
+            raise ValueError(f"{self.path}: {entry} takes the arguments of l2gen's entry ABI {version}, this l2gen calls "
+                             f"ABI {ABI_VERSION} (templates/common.cuh.j2): rebuild the library from its program")
         self._run = getattr(self._dll, entry)
         self._run.argtypes = _ENTRY_ARGS
         self._run.restype = _c_int

@@ -161,7 +161,10 @@ Decisions (omitted ones take the default in brackets):
   here, gains nothing from it) [off].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
   (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster,
-  atomic or ordered, or stream_k) [1].
+  atomic or ordered, or stream_k) [1]; sm90a only, grid N (at most N CTAs in a persistent
+  launch, whole clusters, N <= the SM count; kernels that loop over their tiles: CUTLASS
+  pingpong or cooperative, l2gen but split_k cluster or data_parallel; fewer CTAs give
+  stream-K longer runs) [0: every SM].
 Few output tiles for many SMs (small M or N, long K) call for split-K / stream-K; large square
 shapes for big tiles, clusters and deep pipelines."""
 

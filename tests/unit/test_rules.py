@@ -2,6 +2,7 @@
 prompt, and the prompt states no rule the table does not hold."""
 
 import itertools
+import re
 from dataclasses import replace
 
 import pytest
@@ -10,6 +11,7 @@ from l2gen.check import check, violations
 from l2gen.ir import Family
 from l2gen.limits import SM80_TILE_K, SM80_TILE_M, SM80_TILE_N, SM80_WARPS
 from l2gen.parse import grammar_text, parse
+from l2gen.printer import format_program
 from l2gen.rules import BY_NAME, RULES, rules_for
 from l2gen.search.llm_prompt import EVERY_PROGRAM, FAMILY_LABELS, instructions, rules_text
 from l2gen.targets import GPUS
@@ -70,6 +72,7 @@ BREAKS = {
     "l2gen.stream_k_splits": (l2("tile 64 x 128 x 64 split_k atomic splits 2 decomposition stream_k"), H),
     "knobs.swizzle": (sm80("tile 128 x 128 x 32 swizzle 5"), H),
     "knobs.splits": (sm80("tile 128 x 128 x 32 split_k parallel splits 100"), H),
+    "knobs.grid": (l2("tile 128 x 128 x 64 cluster 2 x 1 x 1 grid 121"), H),
 }
 
 # Rules no program in the other rules' bounds breaks: a guard, proved below.
@@ -88,13 +91,16 @@ def _program(name: str):
     if name == "knobs.pdl":  # the parser takes pdl in l2gen programs only; the rule guards built ones
         program = parse(sm90("tile 128 x 128 x 64"))
         return replace(program, knobs=replace(program.knobs, pdl=True)), H
+    if name == "knobs.grid_sm80":  # the parser takes grid in sm90a programs only; likewise
+        program = parse(sm80("tile 128 x 128 x 32"))
+        return replace(program, knobs=replace(program.knobs, grid=64)), H
     text, gpu = BREAKS[name]
     return parse(text, "p.l2"), gpu
 
 
 def test_every_rule_has_a_case():
     assert not set(BREAKS) & UNREACHABLE
-    covered = set(BREAKS) | UNREACHABLE | {"name", "knobs.pdl"}
+    covered = set(BREAKS) | UNREACHABLE | {"name", "knobs.pdl", "knobs.grid_sm80"}
     assert covered == set(BY_NAME), covered ^ set(BY_NAME)
 
 
@@ -169,3 +175,30 @@ def test_the_prompt_states_no_rule_outside_the_table(gpu):
 def test_a_family_the_gpu_does_not_run_is_not_stated():
     section = rules_text(A)
     assert "sm90a" not in section and f"arch sm80 (what {A.name} runs)" in section
+
+
+@pytest.mark.parametrize("text, at, words", [
+    (l2("tile 128 x 128 x 64 grid 133"), "grid", "between 1 and 132"),
+    (l2("tile 128 x 128 x 64 cluster 4 x 1 x 1 grid 66"), "grid", "whole clusters of 4"),
+    (l2("tile 128 x 128 x 64 split_k cluster grid 64"), "split_k", "a cluster per tile"),
+    (l2("tile 128 x 128 x 64 decomposition data_parallel grid 64"), "decomposition", "in waves"),
+    (l2("tile 128 x 256 x 128 stages 6 grid 64"), "stages", "persistent kernel needs"),
+    (sm90("tile 128 x 128 x 64 mainloop ws grid 64"), "mainloop", "a CTA per tile"),
+])
+def test_grid_is_refused_where_no_persistent_launch_can_keep_to_it(text, at, words):
+    program = parse(text, "p.l2")
+    found = [d for r, d in violations(program, H) if r.name == "knobs.grid"]
+    assert len(found) == 1 and words in found[0].message, found
+    assert found[0].span == program.span_of(at)
+
+
+def test_grid_caps_the_persistent_kernels_and_is_printed_only_when_set():
+    for text in (l2("tile 128 x 128 x 64 grid 120"), l2("tile 128 x 128 x 64 cluster 2 x 1 x 1 grid 64"),
+                 l2("tile 64 x 128 x 64 split_k atomic decomposition stream_k grid 112"),
+                 sm90("tile 128 x 128 x 64 mainloop cooperative cluster 2 x 1 x 1 grid 128"),
+                 sm90("tile 128 x 128 x 64 mainloop pingpong grid 1")):
+        program = parse(text)
+        assert check(program, H) == [], text
+        assert re.search(rf"\n +grid +{program.knobs.grid}\n", format_program(program))
+        assert parse(format_program(program)) == program
+    assert "grid" not in format_program(parse(l2("tile 128 x 128 x 64")))

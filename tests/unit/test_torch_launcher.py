@@ -55,7 +55,7 @@ def test_a_bound_launch_passes_the_entry_what_library_launch_passes(nk, with_wor
     monkeypatch.setattr(launcher, "stream", lambda like: 0x7F00DEAD)
     m, n, k = 64, 256, 512
     ldb = k if nk else n
-    knobs = Knobs(raster=Raster.ALONG_N, swizzle=2, splits=3, decomposition=Decomposition.SPLIT_K)
+    knobs = Knobs(raster=Raster.ALONG_N, swizzle=2, splits=3, decomposition=Decomposition.SPLIT_K, grid=96)
     a, b, c = tensors(m, n, k, nk)
     buf = torch.zeros(4096, dtype=torch.uint8) if with_workspace else None
     workspace = (buf, 4096, buf.data_ptr()) if with_workspace else (None, 0, None)
@@ -64,7 +64,7 @@ def test_a_bound_launch_passes_the_entry_what_library_launch_passes(nk, with_wor
         assert run(a, b, c, workspace, 0x7F00DEAD) == 0
     rec.library.launch(a, b, c, m, n, k, k, ldb, n, knobs, buf, workspace[1], 0x7F00DEAD, check=False)
     assert launcher.launch(rec.library, a, b, c, m, n, k, ldb, knobs, workspace) == 0
-    expected = (a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, k, ldb, n, 2, 2, 3, 2,
+    expected = (a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, k, ldb, n, 2, 2, 3, 2, 96,
                 buf.data_ptr() if with_workspace else None, workspace[1], 0x7F00DEAD)
     assert rec.calls == [expected] * 4
 
@@ -79,9 +79,9 @@ def test_each_call_passes_its_own_addresses():
 
 
 def test_constant_args_are_ctypes_integers_in_abi_order():
-    args = Library.constant_args(1, 2, 3, 4, 5, 6, Knobs(raster=Raster.ALONG_M, swizzle=1, splits=7))
+    args = Library.constant_args(1, 2, 3, 4, 5, 6, Knobs(raster=Raster.ALONG_M, swizzle=1, splits=7, grid=64))
     assert all(type(x) is ctypes.c_int for x in args)
-    assert [x.value for x in args] == [1, 2, 3, 4, 5, 6, 1, 1, 7, 0]
+    assert [x.value for x in args] == [1, 2, 3, 4, 5, 6, 1, 1, 7, 0, 64]
 
 
 def test_empty_is_like_its_model():

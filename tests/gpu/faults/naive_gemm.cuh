@@ -34,12 +34,13 @@ static inline int naive_launch(const void* A, const void* B, void* C, int M, int
   return cudaGetLastError() == cudaSuccess ? L2GEN_OK : L2GEN_ERR_LAUNCH;
 }
 
-// E_workspace and E_program for an entry named ENTRY.
+// E_workspace, E_program and E_abi (version 2: with the knob grid) for an entry named ENTRY.
 #define L2GEN_FAULT_EXPORTS(ENTRY, TEXT)                                                     \
-  extern "C" size_t ENTRY##_workspace(int, int, int, int, int, int, int) { return 0; }     \
-  extern "C" const char* ENTRY##_program() { return TEXT; }
+  extern "C" size_t ENTRY##_workspace(int, int, int, int, int, int, int, int) { return 0; } \
+  extern "C" const char* ENTRY##_program() { return TEXT; }                                 \
+  extern "C" int ENTRY##_abi() { return 2; }
 
 #define L2GEN_FAULT_ARGS                                                                     \
   const void *A, const void *B, void *C, int M, int N, int K, int lda, int ldb, int ldc,    \
-      int raster, int swizzle, int splits, int decomposition, void *workspace,              \
+      int raster, int swizzle, int splits, int decomposition, int grid, void *workspace,    \
       size_t workspace_bytes, cudaStream_t stream
