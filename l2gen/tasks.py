@@ -44,8 +44,13 @@ DEFAULT_WARMUP = 5
 
 
 def knobs_to_dict(knobs: Knobs) -> dict:
-    return {"raster": knobs.raster.value, "swizzle": knobs.swizzle, "splits": knobs.splits,
-            "decomposition": knobs.decomposition.value}
+    out = {"raster": knobs.raster.value, "swizzle": knobs.swizzle, "splits": knobs.splits,
+           "decomposition": knobs.decomposition.value}
+    if knobs.pdl:
+        out["pdl"] = True
+    if knobs.grid:
+        out["grid"] = knobs.grid
+    return out
 
 
 def knobs_from_dict(d: Mapping | None) -> Knobs:
@@ -53,7 +58,8 @@ def knobs_from_dict(d: Mapping | None) -> Knobs:
         return Knobs()
     return Knobs(raster=Raster(d.get("raster", "heuristic")), swizzle=int(d.get("swizzle", 0)),
                  splits=int(d.get("splits", 1)),
-                 decomposition=Decomposition(d.get("decomposition", "heuristic")))
+                 decomposition=Decomposition(d.get("decomposition", "heuristic")),
+                 pdl=bool(d.get("pdl", False)), grid=int(d.get("grid", 0)))
 
 
 @dataclass(frozen=True)

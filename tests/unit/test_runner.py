@@ -263,6 +263,12 @@ def test_the_wire_shorthands_expand():
 def test_knobs_round_trip():
     k = Knobs(raster=Raster.ALONG_N, swizzle=3, splits=4, decomposition=Decomposition.STREAM_K)
     assert knobs_from_dict(knobs_to_dict(k)) == k
+    # every knob reaches the worker: pdl picks the entry, grid caps the launch
+    for k in (Knobs(pdl=True), Knobs(grid=96), Knobs(splits=2, pdl=True, grid=64)):
+        assert knobs_from_dict(knobs_to_dict(k)) == k
+        c = Candidate("c", "/l.so", "e", None, k)
+        assert Candidate.from_wire(c.to_wire()) == c
+    assert "pdl" not in knobs_to_dict(Knobs()) and "grid" not in knobs_to_dict(Knobs())
     assert knobs_from_dict(None) == Knobs()
     assert knobs_from_dict({"splits": 2}) == Knobs(splits=2)
 
