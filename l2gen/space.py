@@ -39,9 +39,15 @@ class Slot:
     name: str
     choices: tuple
     runtime: bool = False  # a run-time knob: changing it needs no rebuild
+    # The choice a policy that has learned nothing of this slot starts by favouring (None:
+    # all alike): a knob whose default is right almost everywhere, like ``grid``.
+    prior: object = None
 
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+# Persistent grid caps worth trying (0: every SM): whole clusters of up to 8 CTAs each; 112
+# and 128 divide the tile counts of power-of-two problems into equal runs.
+GRIDS = (0, 64, 96, 112, 128)
 
 SLOTS: dict[Family, tuple[Slot, ...]] = {
     Family.SM80: (
@@ -71,6 +77,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("swizzle", (0, 1, 2, 3), runtime=True),
         Slot("splits", SPLITS, runtime=True),
         Slot("decomposition", tuple(Decomposition), runtime=True),
+        Slot("grid", GRIDS, runtime=True, prior=0),
     ),
     Family.SM90_L2GEN: (
         Slot("bm", (16, 32, 64, 128, 192, 256)),
@@ -87,6 +94,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("swizzle", (0, 1, 2, 3), runtime=True),
         Slot("splits", (1, 2, 3, 4, 6, 8), runtime=True),
         Slot("decomposition", limits.L2GEN_DECOMPOSITIONS, runtime=True),
+        Slot("grid", GRIDS, runtime=True, prior=0),
     ),
 }
 
@@ -112,7 +120,7 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
         )
     knob_fields = dict(raster=Raster, swizzle=None, splits=None)
     if family in (Family.SM90, Family.SM90_L2GEN):
-        knob_fields["decomposition"] = Decomposition
+        knob_fields.update(decomposition=Decomposition, grid=None)
     knobs = Knobs(**given(c, **knob_fields))
     return Program(name or default_name(family, config), family, b_layout, config, knobs)
 
@@ -130,9 +138,11 @@ def choices_of(program: Program) -> dict:
     if isinstance(c, Sm80Config):
         out.update(warps=c.warps, stages=c.stages, smem_swizzle_b=c.swizzle[0], epilogue=c.epilogue, split_k=c.split_k, min_blocks=c.min_blocks)
     elif isinstance(c, Sm90L2genConfig):
-        out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints, cluster=c.cluster[:2], decomposition=k.decomposition)
+        out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints, cluster=c.cluster[:2], decomposition=k.decomposition,
+                   grid=k.grid)
     else:
-        out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, stages=c.stages, scheduler=c.scheduler, decomposition=k.decomposition)
+        out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, stages=c.stages, scheduler=c.scheduler, decomposition=k.decomposition,
+                   grid=k.grid)
     return out
 
 
@@ -145,8 +155,24 @@ def splits_apply(config: Sm80Config | Sm90Config | Sm90L2genConfig) -> bool:
     return config.split_k is not SplitK.NONE
 
 
+def grid_applies(program: Program) -> bool:
+    """Whether the knob ``grid`` can cap the program's launches: an sm90a kernel that loops
+    over its tiles (CUTLASS's pingpong and cooperative; l2gen's kernel but a cluster split,
+    not launched data_parallel). l2gen's kernel must also fit its persistent shared memory,
+    which the checker tells."""
+    c = program.config
+    if isinstance(c, Sm90Config):
+        return c.mainloop is not Mainloop.WS
+    if isinstance(c, Sm90L2genConfig):
+        return c.split_k is not SplitK.CLUSTER and program.knobs.decomposition is not Decomposition.DATA_PARALLEL
+    return False
+
+
 def sanitize(program: Program) -> Program:
-    """Make knob defaults consistent with compile-time choices (splits need a splitter)."""
+    """Make knob defaults consistent with compile-time choices (splits need a splitter; a
+    grid cap, a kernel that loops over its tiles)."""
+    if program.knobs.grid and not grid_applies(program):
+        program = program.with_knobs(grid=0)
     c = program.config
     if splits_apply(c):
         return program

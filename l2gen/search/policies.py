@@ -32,7 +32,7 @@ from ..ir import (
 )
 from ..parse import parse
 from ..printer import format_program
-from ..space import SLOTS, Slot, assemble, choices_of, random_program, sanitize, splits_apply
+from ..space import SLOTS, Slot, assemble, choices_of, grid_applies, random_program, sanitize, splits_apply
 from ..targets import Gpu, get_gpu
 from ..problem import Measurement, Shape, program_key
 from .base import REWARD_REJECTED, Proposal, reward
@@ -72,11 +72,28 @@ def _encode(value) -> str:
 
 
 def _active(program: Program) -> set[str]:
-    """Slots that matter for this program (split counts need a splitter)."""
+    """Slots that matter for this program (split counts need a splitter, a grid cap a kernel
+    that loops over its tiles)."""
     names = {s.name for s in SLOTS[program.family]}
     if not splits_apply(program.config):
         names -= {"splits", "decomposition"}
+    if not grid_applies(program):
+        names.discard("grid")
     return names
+
+
+PRIOR_SHARE = 0.7  # the probability a slot's prior choice starts with, in any shape
+
+
+def _initial_weights(slot: Slot, features: int) -> np.ndarray:
+    """A slot's weights before any training: all choices alike, or, for a slot with a
+    prior, that choice drawn with PRIOR_SHARE in every shape (through the constant
+    feature), the others sharing the rest. A policy saved before the slot existed starts it
+    here too (:meth:`EmbeddedPolicy.load`)."""
+    w = np.zeros((len(slot.choices), features))
+    if slot.prior is not None and len(slot.choices) > 1:
+        w[slot.choices.index(slot.prior), 0] = math.log(PRIOR_SHARE * (len(slot.choices) - 1) / (1 - PRIOR_SHARE))
+    return w
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -145,7 +162,8 @@ def _derived(program: Program, shape: Shape, gpu: Gpu) -> list[float]:
     streamk = kn.decomposition is Decomposition.STREAM_K and (
         (isinstance(cfg, Sm90Config) and cfg.scheduler is Scheduler.STREAM_K) or isinstance(cfg, Sm90L2genConfig))
     units = tm * tn * splits
-    util = 1.0 if streamk else units / (math.ceil(units / gpu.sms) * gpu.sms)
+    sms = min(gpu.sms, kn.grid) if kn.grid else gpu.sms  # a capped persistent grid's CTAs
+    util = 1.0 if streamk else units / (math.ceil(units / sms) * sms)
     k_iters = math.ceil(shape.k / splits / t.k)
     return [
         math.log2(tm * tn / gpu.sms) / 4,
@@ -298,7 +316,7 @@ class EmbeddedPolicy:
         self.families: tuple[Family, ...] = gpu.families()
         nf = len(FEATURE_NAMES)
         self.family_w = np.zeros((len(self.families), nf))
-        self.w: dict[Family, dict[str, np.ndarray]] = {fam: {s.name: np.zeros((len(s.choices), nf)) for s in SLOTS[fam]} for fam in self.families}
+        self.w: dict[Family, dict[str, np.ndarray]] = {fam: {s.name: _initial_weights(s, nf) for s in SLOTS[fam]} for fam in self.families}
         self._index = {fam: {s.name: {_encode(v): i for i, v in enumerate(s.choices)} for s in SLOTS[fam]} for fam in self.families}
         self.baselines: dict[str, float] = {}
         self.elite: dict[str, tuple[str, float]] = {}  # shape -> (program text, reward)

@@ -175,7 +175,7 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     tiles_m = _ceil(_ceil(shape.m, t.m), cm) * cm
     tiles_n = _ceil(_ceil(shape.n, t.n), cn) * cn
     tiles = tiles_m * tiles_n
-    slots = (gpu.sms // cs) * cs
+    slots = (min(gpu.sms, kn.grid or gpu.sms) // cs) * cs  # a persistent grid's CTAs (the knob grid caps it)
     l2 = 1.0 + 0.05 * _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
     bytes_iter = (min(t.m, shape.m) * t.k * 2 / cn + min(t.n, shape.n) * t.k * 2 / cm) * l2  # TMA skips out-of-bounds boxes
     t_comp = 2.0 * t.m * t.n * t.k / (per_sm_flops * eff)
@@ -248,14 +248,15 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # back and zeroes it. The last CTA's chain of round trips, whatever the split count
         # (what the per-block timelines measured: bench/results/README.md, "Inside a split").
         t_epi += 1.0 + rows * cols * 4 * 2 / bw_sm
-    looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs of a persistent grid
+    looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs per SM of a persistent grid
+    capacity = min(gpu.sms * looping, kn.grid) if kn.grid else gpu.sms * looping  # its CTAs (the knob grid caps them)
     if kn.decomposition is Decomposition.STREAM_K:
         # equal runs of the tiles' K tiles over the persistent grid: no partial last wave; a
         # tile that two runs meet is summed in the workspace (the atomic chain), one CTA's
         # epilogues but its last hidden behind its next tile's loads
         tiles = tiles_m * tiles_n
         k_all = _ceil(shape.k, t.k)
-        grid = min(gpu.sms * looping, tiles * k_all)
+        grid = min(capacity, tiles * k_all)
         per_cta = _ceil(tiles * k_all, grid)
         meets = min(tiles, grid - 1) / grid  # tiles summed in the workspace, per CTA
         t_out = t.m * t.n * 2 / bw_sm + 0.1
@@ -265,11 +266,11 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         t_sum = 3.0 + rows * cols * 4 * 2 / bw_sm
         compute = LATENCY_US + per_cta * t_iter + 0.3 * t_out * tiles / grid + 0.7 * t_out + meets * t_sum
         return compute, 0.5, 0.0
-    if kn.decomposition is Decomposition.HEURISTIC and l2gen_persistent(cfg, gpu.smem_per_block) and units > gpu.sms * looping:
+    if kn.decomposition is Decomposition.HEURISTIC and l2gen_persistent(cfg, gpu.smem_per_block) and units > capacity:
         # the next unit's loads go on under the epilogue, but its consumers (the tensor
         # cores' only users) stage it first: a build without the epilogue ran 4-8% faster
         # (bench/results/README.md, "The persistent kernel's epilogue")
-        compute = LATENCY_US + units / (gpu.sms * looping) * (k_iters * t_iter + EPI_STAGING * t_epi)
+        compute = LATENCY_US + units / capacity * (k_iters * t_iter + EPI_STAGING * t_epi)
     else:
         compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
