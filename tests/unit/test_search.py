@@ -661,3 +661,23 @@ def test_worker_runner_asks_for_its_protocol(tmp_path):
     rows = run(Shape(64, 64, 64), [("/x.so", "e", sm90(128, 128), Knobs())])
     assert rows[0]["status"] == "ok"
     assert (tasks[0]["l2"], tasks[0]["mode"], tasks[0]["probes"]) == ("dirty", "events", "/fake/probes.so")
+
+
+def test_a_slot_with_a_prior_starts_at_it_fresh_and_in_a_policy_saved_before_it(tmp_path):
+    """grid 0 is drawn with PRIOR_SHARE in every shape by a policy that has learned nothing
+    of the slot: a fresh one, and the shipped one, saved before the slot existed."""
+    import warnings
+
+    from l2gen.search.policies import PRIOR_SHARE, shipped_policy
+
+    gpu = GPUS["h200"]
+    fresh = EmbeddedPolicy(gpu, seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shipped = EmbeddedPolicy.load(shipped_policy(gpu), gpu=gpu)
+    for policy in (fresh, shipped):
+        for shape in (Shape(1, 4096, 4096), Shape(8192, 8192, 8192)):
+            probs = policy.probabilities(shape)
+            for fam in (Family.SM90, Family.SM90_L2GEN):
+                assert probs[fam.value]["grid"]["0"] == pytest.approx(PRIOR_SHARE)
+    assert list(fresh.probabilities(Shape(64, 64, 64))[Family.SM90.value]["raster"].values()) == pytest.approx([1 / 3] * 3)
