@@ -63,6 +63,7 @@ MIN_SPEEDUP = 1.02
 MIN_SPEEDUP_NEARBY = 1.05  # a program tuned for another shape must have beaten it clearly
 MAX_RELERR = 1e-3  # the first result per shape is checked against the fallback
 PDL_ENV = "L2GEN_PDL"  # 1: dispatchers launch l2gen's own kernel with programmatic dependent launch
+GRID_ENV = "L2GEN_GRID"  # N: dispatchers keep every served launch to at most N CTAs (the knob grid)
 TRUST_ENV = "L2GEN_TRUST_L2"  # the L2 protocol whose winners a dispatcher serves, if l2= is not given
 
 
@@ -202,7 +203,10 @@ class Dispatcher:
     l2gen's own sm90a kernel with programmatic dependent launch (their knob ``pdl on``:
     each call's set-up overlaps the end of the kernel before it on the stream; it shows
     under CUDA graphs and on a busy stream, and changes no result); default
-    ``$L2GEN_PDL`` = 1, else off.
+    ``$L2GEN_PDL`` = 1, else off. ``grid``: keep every served kernel to at most that many
+    CTAs, hence SMs (the knob ``grid``, whole clusters), leaving the rest to other streams;
+    a shape whose program cannot keep to it (one that launches a CTA per tile) goes to the
+    fallback, which does not keep to it either (default ``$L2GEN_GRID``, else 0: no cap).
 
     Safe to call from several threads and on several streams at once: a shape's plan and
     library are made once (under a lock), and each stream gets its own workspace.
@@ -221,9 +225,11 @@ class Dispatcher:
         toolchain: dict | None = None,
         b_layout: BLayout = BLayout.KN,
         pdl: bool | None = None,
+        grid: int | None = None,
     ):
         self.gpu = gpu
         self.pdl = os.environ.get(PDL_ENV, "0") == "1" if pdl is None else bool(pdl)
+        self.grid = _grid_setting(grid)
         self.b_layout = BLayout(b_layout)
         self._nk = self.b_layout is BLayout.NK
         self.l2 = trusted_l2(l2)
@@ -484,15 +490,16 @@ class Dispatcher:
         from .diagnostics import errors
         from .lower import build_program
 
-        problems = errors(check(plan.program, self.gpu))  # a database is text from outside: checked before lowering
+        program = capped(plan.program, self.grid) if self.grid else plan.program
+        problems = errors(check(program, self.gpu))  # a database is text from outside: checked before lowering
         if problems:
             raise ValueError(f"the checker rejects it: {problems[0]}")
-        key = program_key(build_program(plan.program))
+        key = program_key(build_program(program))
         kernel = self._kernels.get(key)
         if kernel is None:
-            kernel = self.launcher.load(plan.program, self.gpu)
+            kernel = self.launcher.load(program, self.gpu)
             self._kernels[key] = kernel
-        knobs = plan.program.knobs
+        knobs = program.knobs
         if self.pdl and plan.program.family is Family.SM90_L2GEN:
             knobs = replace(knobs, pdl=True)
         run = bound_launch(self.launcher, kernel, m, n, k, k if self._nk else n, knobs)
@@ -690,11 +697,42 @@ def _set_default(d: Dispatcher) -> None:
         _default_entry = d.entry
 
 
-def _new_dispatcher(db, l2: str | None = None, b_layout: BLayout = BLayout.KN, pdl: bool | None = None) -> Dispatcher:
+def _new_dispatcher(db, l2: str | None = None, b_layout: BLayout = BLayout.KN, pdl: bool | None = None,
+                    grid: int | None = None) -> Dispatcher:
     """A dispatcher for this process's GPU over ``db`` (None: ``$L2GEN_DB`` or the shipped one)."""
     gpu = detect_gpu()
     source = db if db is not None else (default_db_path(gpu) if gpu is not None else None)
-    return Dispatcher(source, gpu, l2=l2, b_layout=b_layout, pdl=pdl)
+    return Dispatcher(source, gpu, l2=l2, b_layout=b_layout, pdl=pdl, grid=grid)
+
+
+def _grid_setting(grid: int | None) -> int:
+    """A dispatcher's cap on CTAs: ``grid``, or ``$L2GEN_GRID`` where None (0: none)."""
+    if grid is None:
+        text = os.environ.get(GRID_ENV, "0").strip() or "0"
+        try:
+            grid = int(text)
+        except ValueError:
+            raise ValueError(f"{GRID_ENV}={text!r}: give the most CTAs a served kernel may launch, an integer (0: no cap)") from None
+    if grid < 0:
+        raise ValueError(f"grid {grid}: give the most CTAs a served kernel may launch, 0 for no cap")
+    return int(grid)
+
+
+def capped(program: Program, grid: int) -> Program:
+    """``program`` with its knob ``grid`` kept to at most ``grid`` CTAs (whole clusters; a
+    tuned cap below it stays). ValueError where its launches cannot keep to a cap: kernels
+    that launch a CTA per tile (:func:`~l2gen.space.grid_applies`); the checker tells the
+    rest (a persistent kernel over the shared memory)."""
+    from .space import grid_applies
+
+    if not grid_applies(program):
+        raise ValueError(f"it cannot keep to grid {grid}: it launches a CTA (or a cluster) per tile")
+    ctas = program.config.cluster[0] * program.config.cluster[1]
+    cap = grid - grid % ctas
+    if cap <= 0:
+        raise ValueError(f"it cannot keep to grid {grid}: its clusters are of {ctas} CTAs")
+    own = program.knobs.grid
+    return program.with_knobs(grid=min(own, cap) if own else cap)
 
 
 def _dispatcher_for(db, b_layout: BLayout = BLayout.KN) -> Dispatcher:
@@ -728,13 +766,15 @@ def default_dispatcher(b_nk: bool) -> Dispatcher:
     return d if d is not None else _dispatcher_for(None, BLayout.NK if b_nk else BLayout.KN)
 
 
-def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None, pdl: bool | None = None) -> Dispatcher:
+def use_db(db: KernelDB | str | Path | None, *, l2: str | None = None, pdl: bool | None = None,
+           grid: int | None = None) -> Dispatcher:
     """Make the default dispatchers (those of ``l2gen.matmul`` without ``db=`` and of the
     torch op, one per B layout) serve from ``db`` (None: ``$L2GEN_DB`` or the shipped
     database again) the winners timed under ``l2`` (:func:`trusted_l2`), with
-    programmatic dependent launch for l2gen's kernels if ``pdl`` (None: ``$L2GEN_PDL``);
-    returns the one for B stored K x N."""
-    made = {layout: _new_dispatcher(db, l2, layout, pdl) for layout in BLayout}
+    programmatic dependent launch for l2gen's kernels if ``pdl`` (None: ``$L2GEN_PDL``),
+    every served kernel kept to at most ``grid`` CTAs if given (None: ``$L2GEN_GRID``;
+    see :class:`Dispatcher`); returns the one for B stored K x N."""
+    made = {layout: _new_dispatcher(db, l2, layout, pdl, grid) for layout in BLayout}
     with _dispatchers_lock:
         for d in made.values():
             _set_default(d)

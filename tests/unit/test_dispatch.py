@@ -12,7 +12,7 @@ import pytest
 from l2gen import dispatch
 from l2gen.db import KernelDB
 from l2gen.dispatch import Dispatcher, bucket, default_db_path
-from l2gen.ir import BLayout, Family
+from l2gen.ir import BLayout, Family, Mainloop, SplitK
 from l2gen.problem import Measurement, Shape
 from l2gen.space import assemble
 from l2gen.targets import GPUS
@@ -873,3 +873,42 @@ def test_pdl_launches_only_l2gen_kernels_with_the_knob_on(tmp_path, monkeypatch,
     assert knobs[own.name].pdl is on  # the served program's own knobs otherwise
     assert knobs[cutlass.name].pdl is False  # CUTLASS's kernels take no such knob
     d.close()
+
+
+@pytest.mark.parametrize("grid, env", [(100, None), (None, "100"), (0, "100"), (None, None)])
+def test_a_grid_cap_reaches_every_served_launch_or_the_fallback(tmp_path, monkeypatch, grid, env):
+    if env is None:
+        monkeypatch.delenv("L2GEN_GRID", raising=False)
+    else:
+        monkeypatch.setenv("L2GEN_GRID", env)
+    d = KernelDB(tmp_path / "g.db")
+    rows = {  # m -> the program served there
+        64: l2gen_program(),
+        128: program(128, 128, cluster=(2, 1)),  # CUTLASS cooperative: whole clusters of 2 under 100
+        192: l2gen_program(grid=64),  # its own, tuned cap is below the dispatcher's: kept
+        256: program(128, 128, mainloop=Mainloop.WS),  # a CTA per tile: cannot keep to a cap
+        320: l2gen_program(split_k=SplitK.CLUSTER),  # a cluster per tile: likewise
+    }
+    for m, p in rows.items():
+        d.add(Measurement(Shape(m, 256, 512), p, "ok", time_us=8.0, baseline_us=10.0), H200)
+    fake = FakeLauncher()
+    dispatcher = make(d, fake, grid=grid)
+    cap = grid if grid is not None else int(env or 0)
+    assert dispatcher.grid == cap
+    for m in rows:
+        a, b = arrays(m, 256, 512)
+        assert np.array_equal(dispatcher(a, b), numpy_matmul(a, b))
+    grids = {m: kn.grid for _, m, _, _, kn, _ in fake.launches}  # the served shapes' launches
+    if cap:
+        assert grids == {64: 100, 128: 100, 192: 64}  # 256 and 320: the fallback
+    else:
+        assert grids == {64: 0, 128: 0, 192: 64, 256: 0, 320: 0}
+    d.close()
+
+
+def test_a_grid_cap_that_is_not_a_count_is_refused(monkeypatch):
+    monkeypatch.setenv("L2GEN_GRID", "half")
+    with pytest.raises(ValueError, match="L2GEN_GRID"):
+        make(None, FakeLauncher())
+    with pytest.raises(ValueError, match="grid -4"):
+        make(None, FakeLauncher(), grid=-4)
