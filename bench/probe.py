@@ -19,6 +19,7 @@ the programs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import dataclasses
 import statistics
 import sys
@@ -42,6 +43,7 @@ def main() -> int:
     ap.add_argument("--shape", required=True)
     ap.add_argument("--splits", default="1")
     ap.add_argument("--decompositions", default="heuristic", help="comma-separated, e.g. heuristic,data_parallel")
+    ap.add_argument("--grids", default="0", help="comma-separated caps on a persistent launch's CTAs (the knob grid; 0: none)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--once", action="store_true", help="one launch per setting (for ncu)")
     ap.add_argument("--sustained", type=int, default=0, metavar="CALLS",
@@ -86,28 +88,29 @@ def main() -> int:
         b = torch.randn((n, k) if nk else (k, n), dtype=torch.float16, device="cuda")
         c = torch.empty(m, n, dtype=torch.float16, device="cuda")
         ref = a.float() @ (b.float().t() if nk else b.float())
-        for s in (int(x) for x in args.splits.split(",")):
-            for d in (Decomposition(x) for x in args.decompositions.split(",")):
-                knobs = Knobs(splits=s, decomposition=d)
-                ws_bytes = lib.workspace_size(m, n, k, knobs)
-                ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")  # zeroed once
+        for s, d, g in itertools.product((int(x) for x in args.splits.split(",")),
+                                         [Decomposition(x) for x in args.decompositions.split(",")],
+                                         [int(x) for x in args.grids.split(",")]):
+            knobs = Knobs(splits=s, decomposition=d, grid=g)
+            ws_bytes = lib.workspace_size(m, n, k, knobs)
+            ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")  # zeroed once
 
-                def launch(lib=lib, b=b, c=c, knobs=knobs, ws=ws, ws_bytes=ws_bytes, nk=nk):
-                    lib.launch(a, b, c, m, n, k, k, k if nk else n, n, knobs, ws if ws_bytes else None, ws_bytes,
-                               stream.cuda_stream)
+            def launch(lib=lib, b=b, c=c, knobs=knobs, ws=ws, ws_bytes=ws_bytes, nk=nk):
+                lib.launch(a, b, c, m, n, k, k, k if nk else n, n, knobs, ws if ws_bytes else None, ws_bytes,
+                           stream.cuda_stream)
 
-                label = f"{name} splits {s} {d.value}"
-                try:
-                    c.fill_(float("nan"))
-                    launch()
-                    torch.cuda.synchronize()
-                except Exception as e:  # a knob the binary refuses
-                    print(f"{label}: {e}")
-                    continue
-                err = float((c.float() - ref).norm() / ref.norm())
-                print(f"{label}: relerr {err:.1e}")
-                if err <= 1e-3 or args.no_verify:
-                    settings.append((label, launch))
+            label = f"{name} splits {s} {d.value}" + (f" grid {g}" if g else "")
+            try:
+                c.fill_(float("nan"))
+                launch()
+                torch.cuda.synchronize()
+            except Exception as e:  # a knob the binary refuses
+                print(f"{label}: {e}")
+                continue
+            err = float((c.float() - ref).norm() / ref.norm())
+            print(f"{label}: relerr {err:.1e}")
+            if err <= 1e-3 or args.no_verify:
+                settings.append((label, launch))
     if args.once:  # the programs ran once each above (verified); now the torch calls
         for label, launch in settings[:2]:
             flush.sum()
