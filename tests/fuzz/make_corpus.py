@@ -53,7 +53,8 @@ def kernels() -> None:
     sm90 = (ROOT / "examples" / "streamk_sm90.l2").read_text()
     l2g = (ROOT / "examples" / "decode_swap_l2gen.l2").read_text()
     body = tiny[tiny.index("\nkernel ") + 1:]  # the program without its leading comment
-    good = {"tiny": tiny, "sm90": sm90, "l2gen": l2g, "l2gen_pdl": l2g.replace("stages  4", "stages  4\n    pdl on")}
+    good = {"tiny": tiny, "sm90": sm90, "l2gen": l2g, "l2gen_pdl": l2g.replace("stages  4", "stages  4\n    pdl on"),
+            "sm90_grid": sm90.replace("stages        auto", "stages        auto\n    grid 64")}
     for name, text in good.items():
         case(f"kernel_ok_{name}", ["check", "{input}"], "ok", input=text, ext=".l2")
     bad = {
@@ -105,6 +106,10 @@ def kernels() -> None:
         "pdl_on_sm80": body.replace("stages       3", "stages       3\n    pdl on"),
         "pdl_on_cutlass": sm90.replace("stages        auto", "stages        auto\n    pdl on"),
         "pdl_maybe_l2gen": l2g.replace("stages  4", "stages  4\n    pdl maybe"),
+        "grid_on_sm80": body.replace("stages       3", "stages       3\n    grid 64"),
+        "grid_on_cluster_split": l2g.replace("stages  4", "stages  4\n    grid 64"),
+        "grid_past_the_sms": sm90.replace("stages        auto", "stages        auto\n    grid 500"),
+        "grid_negative": sm90.replace("stages        auto", "stages        auto\n    grid -4"),
         "name_template": body.replace("kernel tiny_sm80", "kernel tiny<int>"),
         "name_namespace": body.replace("kernel tiny_sm80", "kernel std::tiny"),
         "name_digit": body.replace("kernel tiny_sm80", "kernel 9tiny"),
