@@ -848,16 +848,21 @@ def test_the_hot_table_starts_over_when_full(db, monkeypatch):
     assert d.hot(a.shape, b.shape) is dispatch.FALLBACK  # the newest is kept
 
 
+def set_env(monkeypatch, name, value):
+    """Set the environment variable ``name`` to ``value``, or unset it for None."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
 def l2gen_program(**choices):
     return assemble(Family.SM90_L2GEN, dict(bm=128, bn=128, bk=64, **choices))
 
 
 @pytest.mark.parametrize("pdl, env", [(True, None), (None, "1"), (False, "1"), (None, None)])
 def test_pdl_launches_only_l2gen_kernels_with_the_knob_on(tmp_path, monkeypatch, pdl, env):
-    if env is None:
-        monkeypatch.delenv("L2GEN_PDL", raising=False)
-    else:
-        monkeypatch.setenv("L2GEN_PDL", env)
+    set_env(monkeypatch, "L2GEN_PDL", env)
     d = KernelDB(tmp_path / "p.db")
     own, cutlass = l2gen_program(), program(128, 128)
     d.add(Measurement(Shape(64, 256, 512), own, "ok", time_us=8.0, baseline_us=10.0), H200)
@@ -877,10 +882,7 @@ def test_pdl_launches_only_l2gen_kernels_with_the_knob_on(tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("grid, env", [(100, None), (None, "100"), (0, "100"), (None, None)])
 def test_a_grid_cap_reaches_every_served_launch_or_the_fallback(tmp_path, monkeypatch, grid, env):
-    if env is None:
-        monkeypatch.delenv("L2GEN_GRID", raising=False)
-    else:
-        monkeypatch.setenv("L2GEN_GRID", env)
+    set_env(monkeypatch, "L2GEN_GRID", env)
     d = KernelDB(tmp_path / "g.db")
     rows = {  # m -> the program served there
         64: l2gen_program(),
