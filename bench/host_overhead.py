@@ -88,11 +88,12 @@ def winner_dispatcher(folder: Path) -> dispatch.Dispatcher:
 _STUB = r"""
 #include <stddef.h>
 int {entry}(const void* A, const void* B, void* C, int M, int N, int K, int lda, int ldb,
-            int ldc, int raster, int swizzle, int splits, int decomposition, void* workspace,
-            size_t workspace_bytes, void* stream) {{ return 0; }}
+            int ldc, int raster, int swizzle, int splits, int decomposition, int grid,
+            void* workspace, size_t workspace_bytes, void* stream) {{ return 0; }}
 size_t {entry}_workspace(int M, int N, int K, int raster, int swizzle, int splits,
-                         int decomposition) {{ return 0; }}
+                         int decomposition, int grid) {{ return 0; }}
 const char* {entry}_program(void) {{ return "stub"; }}
+int {entry}_abi(void) {{ return {abi}; }}
 """
 
 
@@ -106,12 +107,12 @@ class StubLauncher(TorchLauncher):
         self.folder = folder
 
     def load(self, program, gpu):
-        from l2gen.runtime import Library
+        from l2gen.runtime import ABI_VERSION, Library
 
         entry = "l2gen_stub"
         source = self.folder / "stub.c"
         library = self.folder / "stub.so"
-        source.write_text(_STUB.format(entry=entry))
+        source.write_text(_STUB.format(entry=entry, abi=ABI_VERSION))
         subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
         return Library.load(library, entry)
 
