@@ -681,3 +681,19 @@ def test_a_slot_with_a_prior_starts_at_it_fresh_and_in_a_policy_saved_before_it(
             for fam in (Family.SM90, Family.SM90_L2GEN):
                 assert probs[fam.value]["grid"]["0"] == pytest.approx(PRIOR_SHARE)
     assert list(fresh.probabilities(Shape(64, 64, 64))[Family.SM90.value]["raster"].values()) == pytest.approx([1 / 3] * 3)
+
+
+def test_the_models_count_a_capped_grids_ctas():
+    """Half the CTAs on a problem of many tiles: slower, in the analytic model and in the
+    learned model's wave feature; for these one-CTA-per-SM kernels no cap and a cap of the
+    SM count agree."""
+    from l2gen.search.policies import program_vector
+
+    gpu = GPUS["h200"]
+    shape = Shape(8192, 8192, 1024)
+    for family, choices in ((Family.SM90_L2GEN, dict(bm=128, bn=128, bk=64, stages=4)),
+                            (Family.SM90, dict(bm=128, bn=128, bk=64))):
+        p = assemble(family, choices)
+        assert model_us(p.with_knobs(grid=64), shape, gpu) > 1.5 * model_us(p, shape, gpu)
+        assert model_us(p.with_knobs(grid=132), shape, gpu) == pytest.approx(model_us(p, shape, gpu))
+        assert not np.array_equal(program_vector(p.with_knobs(grid=64), shape, gpu), program_vector(p, shape, gpu))
