@@ -66,7 +66,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
     ),
     Family.SM90: (
         Slot("bm", limits.SM90_TILE_M),
-        Slot("bn", (64, 96, 128, 160, 192, 256)),
+        Slot("bn", (64, 96, 128, 160, 192, 224, 256)),
         Slot("bk", (32, 64, 128)),
         Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2))),
         Slot("mainloop", tuple(Mainloop)),
