@@ -30,7 +30,7 @@ import sys
 import torch
 
 from l2gen.build import build_many
-from l2gen.ir import Family, Knobs
+from l2gen.ir import Family
 from l2gen.runner import source as build_source
 from l2gen.parse import parse_file
 from l2gen.runtime import Library
@@ -143,7 +143,7 @@ def main() -> int:
         reset = getattr(dll, f"{result.source.entry}_trace_reset")
         nk = program.b_layout.value == "nk"
         for s in (int(x) for x in args.splits.split(",")):
-            knobs = Knobs(splits=s)
+            knobs = dataclasses.replace(program.knobs, splits=s)  # its own decomposition, grid, ...
             ws_bytes = lib.workspace_size(m, n, k, knobs)
             ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
             a = torch.randn(m, k, dtype=torch.float16, device="cuda")
