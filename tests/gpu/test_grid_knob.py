@@ -6,8 +6,8 @@ cluster, swap-AB) and CUTLASS's (cooperative stream-K on a 2 x 1 cluster, ping-p
 1 x 2 cluster), each call is captured once into a CUDA graph to read the kernel node's grid
 (at most ``grid`` CTAs), then run with NaN-poisoned outputs against an fp32 reference
 (relerr <= 1e-3); where the sum's order does not depend on arrival (no split of K), its
-bits must equal those of the uncapped grid. Split workspaces must be left zeroed. Caps a
-launch cannot keep to are L2GEN_ERR_KNOB. Needs nvcc, CUTLASS headers, torch and an sm90
+bits must equal those of the uncapped grid. l2gen's split workspaces must be left zeroed.
+Caps a launch cannot keep to are L2GEN_ERR_KNOB. Needs nvcc, CUTLASS headers, torch and an sm90
 GPU; skips cleanly without them.
 """
 
@@ -170,7 +170,8 @@ def test_a_capped_grid_keeps_to_its_ctas_and_computes_every_tile(libraries, name
             elif deterministic and not torch.equal(c.view(torch.int16), uncapped.view(torch.int16)):
                 bad.append(f"{m}x{n}x{k} grid {grid}: other bits than the uncapped grid's")
     assert not bad, "\n".join(bad)
-    assert run.workspaces_zero(), "a capped launch left its workspace dirty"
+    # l2gen's kernel leaves its workspace zeroed; CUTLASS's stream-K zeroes it before each call
+    assert "impl l2gen" not in PROGRAMS[name] or run.workspaces_zero(), "a capped launch left its workspace dirty"
 
 
 def test_stream_k_sizes_its_workspace_by_the_capped_grid(libraries):
