@@ -48,6 +48,7 @@ from .db import DatabaseError, KernelDB
 from .ir import BLayout, Family, Knobs, Program
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .problem import Shape, program_key, unserved
+from .space import cap_grid
 from .targets import GPUS, Gpu
 
 log = logging.getLogger("l2gen.dispatch")
@@ -490,7 +491,7 @@ class Dispatcher:
         from .diagnostics import errors
         from .lower import build_program
 
-        program = capped(plan.program, self.grid) if self.grid else plan.program
+        program = cap_grid(plan.program, self.grid) if self.grid else plan.program
         problems = errors(check(program, self.gpu))  # a database is text from outside: checked before lowering
         if problems:
             raise ValueError(f"the checker rejects it: {problems[0]}")
@@ -716,23 +717,6 @@ def _grid_setting(grid: int | None) -> int:
     if grid < 0:
         raise ValueError(f"grid {grid}: give the most CTAs a served kernel may launch, 0 for no cap")
     return int(grid)
-
-
-def capped(program: Program, grid: int) -> Program:
-    """``program`` with its knob ``grid`` kept to at most ``grid`` CTAs (whole clusters; a
-    tuned cap below it stays). ValueError where its launches cannot keep to a cap: kernels
-    that launch a CTA per tile (:func:`~l2gen.space.grid_applies`); the checker tells the
-    rest (a persistent kernel over the shared memory)."""
-    from .space import grid_applies
-
-    if not grid_applies(program):
-        raise ValueError(f"it cannot keep to grid {grid}: it launches a CTA (or a cluster) per tile")
-    ctas = program.config.cluster[0] * program.config.cluster[1]
-    cap = grid - grid % ctas
-    if cap <= 0:
-        raise ValueError(f"it cannot keep to grid {grid}: its clusters are of {ctas} CTAs")
-    own = program.knobs.grid
-    return program.with_knobs(grid=min(own, cap) if own else cap)
 
 
 def _dispatcher_for(db, b_layout: BLayout = BLayout.KN) -> Dispatcher:

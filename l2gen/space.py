@@ -168,6 +168,21 @@ def grid_applies(program: Program) -> bool:
     return False
 
 
+def cap_grid(program: Program, grid: int) -> Program:
+    """``program`` with its knob ``grid`` kept to at most ``grid`` CTAs (whole clusters; a
+    cap of its own below that stays). ValueError where its launches cannot keep to a cap:
+    kernels that launch a CTA per tile (:func:`grid_applies`); the checker tells the rest (a
+    persistent kernel over the shared memory)."""
+    if not grid_applies(program):
+        raise ValueError(f"it cannot keep to grid {grid}: it launches a CTA (or a cluster) per tile")
+    ctas = program.config.cluster[0] * program.config.cluster[1]
+    cap = grid - grid % ctas
+    if cap <= 0:
+        raise ValueError(f"it cannot keep to grid {grid}: its clusters are of {ctas} CTAs")
+    own = program.knobs.grid
+    return program.with_knobs(grid=min(own, cap) if own else cap)
+
+
 def sanitize(program: Program) -> Program:
     """Make knob defaults consistent with compile-time choices (splits need a splitter; a
     grid cap, a kernel that loops over its tiles)."""

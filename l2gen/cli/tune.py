@@ -173,6 +173,11 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
     if args.library is not None:
         policy.model = model
     _rank_for_the_llm(args, policy, programs, model)
+    if args.grid:  # last: every proposal, the library's included, kept under the cap
+        from ..search.grid_cap import GridCapped
+
+        policy = GridCapped(policy, args.grid)
+        eprint(f"[tune] launches kept to at most {args.grid} CTAs (knob grid); kernels that launch a CTA per tile are left out")
     evaluator = _evaluator(args)
     try:
         with KernelDB(args.db) as db, reporter() as report:
@@ -188,6 +193,8 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
         eprint(f"[tune] the LLM policy stopped: {exc}; every measurement so far is in {args.db}")
         return EXIT_FAIL
     show(summary.blocks())
+    if args.grid:
+        eprint(f"[tune] {policy.left_out} proposals left out: their kernels cannot keep to grid {args.grid}")
     if hasattr(policy, "stats"):
         print("llm usage:", json.dumps(policy.stats.as_dict()))
     written = True
@@ -306,6 +313,9 @@ def add_commands(sub, shapes_of, layout_of) -> None:
                    help="measure the kernel library's knob settings first (the one shipped for the GPU, or FOLDER's "
                         "*.l2 files): no compile where 'l2gen build --library' built it")
     p.add_argument("--library-share", type=fraction, default=0.5, help="the most of each shape's budget the library takes (default 0.5)")
+    p.add_argument("--grid", type=at_least(1), default=None, metavar="N",
+                   help="tune launches of at most N CTAs (the knob grid), as a dispatcher with the same cap serves them "
+                        "(use_db(grid=N), L2GEN_GRID): each proposal capped, or left out where its kernel launches a CTA per tile")
     p.add_argument("--simulate", action="store_true", help="measure on the analytic H200 model instead of a GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=at_least(MIN_REPS), default=50, help="timed runs per median and round")
