@@ -58,6 +58,10 @@
 #                  PROBE_PROGRAMS (DSL files) with PROBE_ARGS (e.g. "--define
 #                  MACRO=1", "--decompositions heuristic,stream_k"), round-robin
 #                  in one process, PROBE_REPS (30) each; $RESULTS/$PROBE_NAME.txt (probe)
+#   timeline       bench/timeline.py on each of TIMELINE_SHAPES: TIMELINE_PROGRAMS (impl l2gen
+#                  DSL files, built again with -DL2GEN_TRACE) block by block, with
+#                  TIMELINE_ARGS (e.g. "--splits 1,2"), TIMELINE_REPS (15) launches each;
+#                  $RESULTS/$TIMELINE_NAME.txt (timeline)
 #   anatomy        bench/launch_anatomy.py: a tiny GEMM's launch piece by piece (empty kernels
 #                  differing in one launch property, loads and stores alone, a bare mma.sync
 #                  GEMM) beside torch.matmul and ANATOMY_PROGRAMS on ANATOMY_SHAPES;
@@ -262,6 +266,18 @@ for step in "$@"; do
           ${PROBE_ARGS:-} --shape "$shape" --reps "${PROBE_REPS:-30}" >> "$RESULTS/$name.txt" 2>&1 || status=1
       done
       grep -v ": relerr" "$RESULTS/$name.txt"  # the timings; the verified settings stay in the file
+      cp "$RESULTS/$name.txt" "$OUT/" 2>/dev/null
+      ;;
+    timeline)
+      name=${TIMELINE_NAME:-timeline}
+      : > "$RESULTS/$name.txt"
+      for shape in ${TIMELINE_SHAPES:?TIMELINE_SHAPES: the shapes to trace}; do
+        echo "== $shape" >> "$RESULTS/$name.txt"
+        # shellcheck disable=SC2086
+        timeout "${TIMELINE_TIMEOUT:-200}" python3 bench/timeline.py ${TIMELINE_PROGRAMS:?TIMELINE_PROGRAMS: DSL files} \
+          ${TIMELINE_ARGS:-} --shape "$shape" --reps "${TIMELINE_REPS:-15}" >> "$RESULTS/$name.txt" 2>&1 || status=1
+      done
+      cat "$RESULTS/$name.txt"
       cp "$RESULTS/$name.txt" "$OUT/" 2>/dev/null
       ;;
     anatomy)
