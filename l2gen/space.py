@@ -168,6 +168,23 @@ def grid_applies(program: Program) -> bool:
     return False
 
 
+def launch_ctas(program: Program, m: int, n: int, k: int) -> int:
+    """The CTAs a launch of ``program`` on M x N x K would use with no cap on its grid, at
+    most (before the GPU's own limit): its tiles, whole clusters, times its K splits; under
+    stream-K, its tiles' K tiles (a CTA takes at least one). A cap of ``grid`` at or above
+    it changes nothing."""
+    c = program.config
+    cm, cn = c.cluster[0], c.cluster[1]
+    tiles = -(-(-(-m // c.tile.m)) // cm) * cm * (-(-(-(-n // c.tile.n)) // cn) * cn)
+    kn = program.knobs
+    # stream-K: l2gen's decomposition stream_k; CUTLASS's stream-K scheduler may choose it
+    # (its heuristic) unless told data_parallel or split_k
+    if splits_apply(c) and (kn.decomposition is Decomposition.STREAM_K or (
+            isinstance(c, Sm90Config) and kn.decomposition is Decomposition.HEURISTIC and kn.splits == 1)):
+        return tiles * -(-k // c.tile.k)
+    return tiles * (kn.splits if splits_apply(c) else 1)
+
+
 def cap_grid(program: Program, grid: int) -> Program:
     """``program`` with its knob ``grid`` kept to at most ``grid`` CTAs (whole clusters; a
     cap of its own below that stays). ValueError where its launches cannot keep to a cap:

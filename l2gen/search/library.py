@@ -11,7 +11,7 @@ the library built those cost a launch each, not a compile.
 
 Knob settings come from the family's run-time slots of :data:`l2gen.space.SLOTS`; the
 checker judges each, and a split count above the shape's K tiles (which the kernels refuse
-at run time) is left out.
+at run time) is left out, and so is a grid cap at or above the CTAs the launch uses anyway.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..lower import build_program
 from ..parse import parse_file
 from ..printer import format_program
 from ..problem import Shape, program_key
-from ..space import SLOTS, assemble, choices_of, sanitize, splits_apply
+from ..space import SLOTS, assemble, choices_of, launch_ctas, sanitize, splits_apply
 from ..targets import Gpu
 from .simulate import model_us
 
@@ -87,6 +87,8 @@ def knob_settings(program: Program, shape: Shape, gpu: Gpu) -> list[Program]:
         if splits > k_tiles or (splits != 1 and not splitting):
             continue
         candidate = sanitize(assemble(program.family, choices, b_layout=program.b_layout, name=program.name))
+        if candidate.knobs.grid and candidate.knobs.grid >= launch_ctas(candidate, shape.m, shape.n, shape.k):
+            continue  # a cap over what the launch uses: the uncapped setting's launch again
         text = format_program(candidate)
         if text in seen or any(d.is_error for d in check(candidate, gpu)):
             continue

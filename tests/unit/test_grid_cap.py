@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from l2gen.cli import main
-from l2gen.ir import Family, Mainloop, SplitK
+from l2gen.ir import Decomposition, Family, Mainloop, SplitK
 from l2gen.problem import Shape
 from l2gen.search.base import Proposal
 from l2gen.search.grid_cap import GridCapped
@@ -82,3 +82,21 @@ def test_tune_with_a_grid_measures_only_capped_programs(tmp_path, capsys):
         rows = kdb.history(H200, Shape(1024, 1024, 1024))
     assert len(rows) == 8
     assert all(grid_applies(m.program) and 0 < m.program.knobs.grid <= 96 for m in rows)
+
+
+def test_the_library_leaves_out_caps_that_change_no_launch():
+    from l2gen.search.library import knob_settings
+    from l2gen.space import launch_ctas
+
+    plain, atomic = l2(), l2(split_k=SplitK.ATOMIC)
+    assert launch_ctas(plain, 256, 1024, 4096) == 2 * 8
+    assert launch_ctas(atomic.with_knobs(splits=4), 256, 1024, 4096) == 2 * 8 * 4
+    assert launch_ctas(atomic.with_knobs(decomposition=Decomposition.STREAM_K), 256, 1024, 4096) == 16 * 64
+    assert launch_ctas(cutlass(cluster=(2, 1)), 300, 1000, 512) == 4 * 8  # 3 tiles along M: 2 clusters
+    few = knob_settings(plain, Shape(256, 1024, 4096), H200)  # 16 tiles: every cap is over them
+    assert few and not any(s.knobs.grid for s in few)
+    many = knob_settings(plain, Shape(4096, 4096, 4096), H200)  # 1024 tiles
+    assert {s.knobs.grid for s in many} == {0, 64, 96, 112, 128}
+    split = knob_settings(atomic, Shape(256, 1024, 4096), H200)  # 16 tiles x up to 8 splits
+    assert any(s.knobs.grid == 64 and s.knobs.splits == 8 for s in split)
+    assert not any(s.knobs.grid and s.knobs.grid >= launch_ctas(s, 256, 1024, 4096) for s in split)
