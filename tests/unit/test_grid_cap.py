@@ -9,10 +9,10 @@ import pytest
 
 from l2gen.cli import main
 from l2gen.ir import Decomposition, Family, Mainloop, SplitK
-from l2gen.problem import Shape
+from l2gen.problem import Shape, program_key
 from l2gen.search.base import Proposal
 from l2gen.search.grid_cap import GridCapped
-from l2gen.space import assemble, cap_grid, grid_applies
+from l2gen.space import assemble, cap_grid, grid_applies, launch_ctas
 from l2gen.targets import GPUS
 
 H200 = GPUS["h200"]
@@ -81,7 +81,25 @@ def test_tune_with_a_grid_measures_only_capped_programs(tmp_path, capsys):
     with KernelDB(db) as kdb:
         rows = kdb.history(H200, Shape(1024, 1024, 1024))
     assert len(rows) == 8
-    assert all(grid_applies(m.program) and 0 < m.program.knobs.grid <= 96 for m in rows)
+    # every launch within the cap: capped, or (a cap over its CTAs being no cap) of fewer CTAs
+    assert all(grid_applies(m.program) and 0 <= m.program.knobs.grid <= 96 for m in rows)
+    assert all(m.program.knobs.grid or launch_ctas(m.program, 1024, 1024, 1024) <= 96 for m in rows)
+    assert len({program_key(m.program) for m in rows}) == 8
+
+
+def test_the_loop_measures_a_cap_over_a_launchs_ctas_as_no_cap(tmp_path):
+    """A policy's cap at or above the CTAs its launch uses is the uncapped launch: stored
+    as that, and not measured twice."""
+    from l2gen.db import KernelDB
+    from l2gen.search.loop import tune
+    from l2gen.search.simulate import SimulatedEvaluator
+
+    shape = Shape(256, 1024, 4096)  # 16 tiles of 128 x 128
+    inner = Scripted([[l2(), l2(grid=64), l2(grid=96)], [l2(grid=8)]])
+    with KernelDB(tmp_path / "sim.db") as db:
+        tune([shape], inner, SimulatedEvaluator(H200), db, budget=2, batch=3, gpu=H200, progress=False)
+        rows = db.history(H200, shape)
+    assert sorted(m.program.knobs.grid for m in rows) == [0, 8]
 
 
 def test_the_library_leaves_out_caps_that_change_no_launch():
