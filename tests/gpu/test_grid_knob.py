@@ -105,6 +105,7 @@ class Launcher:
     def grid_of(self, a, b, c, knobs: Knobs) -> int:
         """The CTAs of the call's kernel node, captured into a CUDA graph (CUTLASS's stream-K
         adds a memset node: kernel nodes only)."""
+        from cuda.bindings import driver
         from cuda.bindings import runtime as cudart
 
         from l2gen.runtime import call
@@ -128,9 +129,11 @@ class Launcher:
             for node in nodes:
                 err, kind = cudart.cudaGraphNodeGetType(node)
                 if kind == cudart.cudaGraphNodeType.cudaGraphNodeTypeKernel:
-                    err, params = cudart.cudaGraphKernelNodeGetParams(node)
-                    assert int(err) == 0
-                    ctas.append(params.gridDim.x * params.gridDim.y * params.gridDim.z)
+                    # through the driver: the runtime's call answers cudaErrorInvalidDeviceFunction
+                    # for a kernel that another runtime (the library's own) registered
+                    err, params = driver.cuGraphKernelNodeGetParams(driver.CUgraphNode(int(node)))
+                    assert int(err) == 0, err
+                    ctas.append(params.gridDimX * params.gridDimY * params.gridDimZ)
             assert len(ctas) == 1, f"{len(ctas)} kernel nodes"
             return ctas[0]
         finally:
