@@ -101,6 +101,19 @@ SUITE=${SUITE:-suites/public.json}
 DB=${DB:-$RESULTS/kernels_h200.db}
 status=0
 
+# per_shape SCRIPT FILE SHAPES TIMEOUT REPS PROGRAMS ARGS: SCRIPT (bench/probe.py or
+# bench/timeline.py) once per shape of SHAPES over the PROGRAMS, all output into FILE; a run
+# that fails or times out marks the step failed and the next shape goes on.
+per_shape() {
+  local script=$1 file=$2 shapes=$3 limit=$4 reps=$5 programs=$6 args=$7 shape
+  : > "$file"
+  for shape in $shapes; do
+    echo "== $shape" >> "$file"
+    # shellcheck disable=SC2086
+    timeout "$limit" python3 "$script" $programs $args --shape "$shape" --reps "$reps" >> "$file" 2>&1 || status=1
+  done
+}
+
 pack_results() {
   tar czf "$OUT/results.tgz" -C "$RESULTS" . && ls -la "$RESULTS"
 }
@@ -258,25 +271,15 @@ for step in "$@"; do
       ;;
     probe)
       name=${PROBE_NAME:-probe}
-      : > "$RESULTS/$name.txt"
-      for shape in ${PROBE_SHAPES:?PROBE_SHAPES: the shapes to probe}; do
-        echo "== $shape" >> "$RESULTS/$name.txt"
-        # shellcheck disable=SC2086
-        timeout "${PROBE_TIMEOUT:-200}" python3 bench/probe.py ${PROBE_PROGRAMS:?PROBE_PROGRAMS: DSL files} \
-          ${PROBE_ARGS:-} --shape "$shape" --reps "${PROBE_REPS:-30}" >> "$RESULTS/$name.txt" 2>&1 || status=1
-      done
+      per_shape bench/probe.py "$RESULTS/$name.txt" "${PROBE_SHAPES:?PROBE_SHAPES: the shapes to probe}" \
+        "${PROBE_TIMEOUT:-200}" "${PROBE_REPS:-30}" "${PROBE_PROGRAMS:?PROBE_PROGRAMS: DSL files}" "${PROBE_ARGS:-}"
       grep -v ": relerr" "$RESULTS/$name.txt"  # the timings; the verified settings stay in the file
       cp "$RESULTS/$name.txt" "$OUT/" 2>/dev/null
       ;;
     timeline)
       name=${TIMELINE_NAME:-timeline}
-      : > "$RESULTS/$name.txt"
-      for shape in ${TIMELINE_SHAPES:?TIMELINE_SHAPES: the shapes to trace}; do
-        echo "== $shape" >> "$RESULTS/$name.txt"
-        # shellcheck disable=SC2086
-        timeout "${TIMELINE_TIMEOUT:-200}" python3 bench/timeline.py ${TIMELINE_PROGRAMS:?TIMELINE_PROGRAMS: DSL files} \
-          ${TIMELINE_ARGS:-} --shape "$shape" --reps "${TIMELINE_REPS:-15}" >> "$RESULTS/$name.txt" 2>&1 || status=1
-      done
+      per_shape bench/timeline.py "$RESULTS/$name.txt" "${TIMELINE_SHAPES:?TIMELINE_SHAPES: the shapes to trace}" \
+        "${TIMELINE_TIMEOUT:-200}" "${TIMELINE_REPS:-15}" "${TIMELINE_PROGRAMS:?TIMELINE_PROGRAMS: DSL files}" "${TIMELINE_ARGS:-}"
       cat "$RESULTS/$name.txt"
       cp "$RESULTS/$name.txt" "$OUT/" 2>/dev/null
       ;;
