@@ -185,6 +185,13 @@ def launch_ctas(program: Program, m: int, n: int, k: int) -> int:
     return tiles * (kn.splits if splits_apply(c) else 1)
 
 
+def without_idle_cap(program: Program, m: int, n: int, k: int) -> Program:
+    """``program``, its knob ``grid`` dropped where the cap is at or above the CTAs its launch
+    on M x N x K uses anyway (:func:`launch_ctas`): the same launch, under one text and key."""
+    cap = program.knobs.grid
+    return program.with_knobs(grid=0) if cap and cap >= launch_ctas(program, m, n, k) else program
+
+
 def cap_grid(program: Program, grid: int) -> Program:
     """``program`` with its knob ``grid`` kept to at most ``grid`` CTAs (whole clusters; a
     cap of its own below that stays). ValueError where its launches cannot keep to a cap:

@@ -28,7 +28,7 @@ from ..lower import build_program
 from ..parse import parse_file
 from ..printer import format_program
 from ..problem import Shape, program_key
-from ..space import SLOTS, assemble, choices_of, launch_ctas, sanitize, splits_apply
+from ..space import SLOTS, assemble, choices_of, sanitize, splits_apply, without_idle_cap
 from ..targets import Gpu
 from .simulate import model_us
 
@@ -87,8 +87,8 @@ def knob_settings(program: Program, shape: Shape, gpu: Gpu) -> list[Program]:
         if splits > k_tiles or (splits != 1 and not splitting):
             continue
         candidate = sanitize(assemble(program.family, choices, b_layout=program.b_layout, name=program.name))
-        if candidate.knobs.grid and candidate.knobs.grid >= launch_ctas(candidate, shape.m, shape.n, shape.k):
-            continue  # a cap over what the launch uses: the uncapped setting's launch again
+        # a cap over what the launch uses is the uncapped setting again (dropped as seen below)
+        candidate = without_idle_cap(candidate, shape.m, shape.n, shape.k)
         text = format_program(candidate)
         if text in seen or any(d.is_error for d in check(candidate, gpu)):
             continue

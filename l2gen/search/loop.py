@@ -18,7 +18,7 @@ from ..console import Columns, Reporter, as_reporter
 from ..ir import BLayout, Program
 from ..problem import Measurement, Shape, program_key, unserved
 from ..protocol import DEFAULT_L2
-from ..space import launch_ctas
+from ..space import without_idle_cap
 from ..targets import Gpu
 from .base import REWARD_FAILED, REWARD_REJECTED, Policy, Proposal, reward
 from .evaluate import Evaluator
@@ -265,10 +265,8 @@ class _ShapeRun:
             for p in proposals:
                 if p.program.b_layout is not self.b_layout and not p.meta.get("rejected"):
                     p = replace(p, program=replace(p.program, b_layout=self.b_layout))
-                cap = p.program.knobs.grid
-                if cap and cap >= launch_ctas(p.program, shape.m, shape.n, shape.k):
-                    # a cap over the CTAs the launch uses: the uncapped launch, measured once, as that
-                    p = replace(p, program=p.program.with_knobs(grid=0))
+                # a cap over the CTAs the launch uses: the uncapped launch, measured once, as that
+                p = replace(p, program=without_idle_cap(p.program, shape.m, shape.n, shape.k))
                 if len(fresh) >= want:
                     break
                 if p.meta.get("rejected"):  # already diagnosed by the policy (e.g. an unparsable LLM answer)
