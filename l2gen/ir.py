@@ -206,6 +206,10 @@ class Sm90Config:
     epilogue: Sm90Epilogue = Sm90Epilogue.TMA
     stages: int = 0  # 0 = auto: as many as fit beside the epilogue's shared memory
     scheduler: Scheduler = Scheduler.PERSISTENT
+    # Columns of the TMA epilogue's tile (the block of C staged in shared memory and stored
+    # by one TMA store; its rows follow the mainloop: 128 cooperative, 64 otherwise). 0:
+    # CUTLASS's choice (32 columns, or 16 where the tile width is not a multiple of 32).
+    epilogue_tile: int = 0
     spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
 

@@ -80,17 +80,28 @@ def _up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
+def sm90_epilogue_tile(cfg: Sm90Config) -> tuple[int, int]:
+    """(rows, columns) of an sm90 kernel's TMA epilogue tile: the program's ``epilogue_tile``
+    columns or CUTLASS's EpilogueTileAuto (32, or 16 where BN is not a multiple of 32), on
+    128 rows cooperative, 64 otherwise (at most BM)."""
+    rows = min(cfg.tile.m, 128 if cfg.mainloop is Mainloop.COOPERATIVE else 64)
+    return rows, cfg.epilogue_tile or auto_epilogue_columns(cfg)
+
+
+def auto_epilogue_columns(cfg: Sm90Config) -> int:
+    """The columns of CUTLASS's EpilogueTileAuto for an sm90 tile (fp16 output)."""
+    return 32 if cfg.tile.n % 32 == 0 else 16
+
+
 def sm90_stages_and_smem(cfg: Sm90Config, limit: int = 232448) -> tuple[int, int]:
     """(stage count, shared memory bytes per CTA) of an sm90 kernel, exactly as CUTLASS
     4.2 lays out its SharedStorage (derived from the template's builds; see the formula in
     templates/sm90_gemm.cu.j2). With ``stages`` auto, CUTLASS carves out the epilogue and
     fills ``limit`` with as many mainloop stages as fit."""
     bm, bn, bk = cfg.tile.m, cfg.tile.n, cfg.tile.k
-    coop = cfg.mainloop is Mainloop.COOPERATIVE
     if cfg.epilogue is Sm90Epilogue.TMA:
-        em = min(bm, 128 if coop else 64)
-        en = 32 if bn % 32 == 0 else 16
-        al = 512 if en == 32 else 256
+        em, en = sm90_epilogue_tile(cfg)
+        al = 1024 if en % 64 == 0 else 512 if en % 32 == 0 else 256  # its swizzle atom: 8 rows of 128, 64 or 32 B
         tiles = (bm // em) * (bn // en)
         epi_t = min(tiles, 2) * em * en * 2 + al
         epi_p = 16 * min(tiles, 4)

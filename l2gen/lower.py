@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from .check import check
-from .limits import l2gen_operands, l2gen_persistent_smem_bytes, l2gen_smem_bytes
+from .limits import l2gen_operands, l2gen_persistent_smem_bytes, l2gen_smem_bytes, sm90_epilogue_tile
 from .diagnostics import DiagnosticError, errors
 from .ir import Family, Knobs, Program, Sm90L2genConfig
 from .printer import format_program
@@ -166,6 +166,8 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             mainloop=cfg.mainloop.value,
             scheduler=cfg.scheduler.value,
             extended_mma_shapes=needs_extended_mma_shapes(program),
+            # (rows, columns) of the TMA epilogue's tile when the program sets it; None: auto
+            epilogue_tile=sm90_epilogue_tile(cfg) if cfg.epilogue_tile else None,
         )
     return ctx
 

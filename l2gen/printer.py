@@ -33,9 +33,10 @@ def _lines(program: Program) -> list[tuple[str, str]]:
             ("cluster", " x ".join(str(v) for v in cfg.cluster)),
             ("mainloop", cfg.mainloop.value),
             ("epilogue", cfg.epilogue.value),
-            ("stages", "auto" if cfg.stages == 0 else str(cfg.stages)),
-            ("scheduler", cfg.scheduler.value),
         ]
+        if cfg.epilogue_tile:  # written only when set: programs keyed before it keep their text
+            out.append(("epilogue_tile", str(cfg.epilogue_tile)))
+        out += [("stages", "auto" if cfg.stages == 0 else str(cfg.stages)), ("scheduler", cfg.scheduler.value)]
     elif isinstance(cfg, Sm90L2genConfig):
         out += [
             ("swap_ab", "on" if cfg.swap_ab else "off"),

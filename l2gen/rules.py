@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from . import limits
-from .ir import Decomposition, Family, Mainloop, Program, Scheduler, SplitK
+from .ir import Decomposition, Family, Mainloop, Program, Scheduler, Sm90Epilogue, SplitK
 from .limits import (
     L2GEN_COLS,
     L2GEN_DECOMPOSITIONS,
@@ -349,8 +349,23 @@ def _sm90_stages(p, gpu):
         yield "stages", f"stages {c.stages} is out of range {SM90_STAGES.start}..{SM90_STAGES.stop - 1} (or auto)"
 
 
-@rule("sm90.room", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue"),
-      "stages auto must leave room for 2 stages beside the epilogue in {gpu.smem_per_block} B", after=("sm90.stages",))
+@rule("sm90.epilogue_tile", "E-RANGE", SM90, ("epilogue_tile", "epilogue", "tile"),
+      "epilogue_tile needs epilogue tma, in columns: a multiple of 16 that divides BN", after=_SM90)
+def _sm90_epilogue_tile(p, gpu):
+    c = p.config
+    en = c.epilogue_tile
+    if not en:
+        return
+    if c.epilogue is not Sm90Epilogue.TMA:
+        yield "epilogue_tile", f"epilogue_tile {en}: only the TMA epilogue stages C in tiles; this kernel has 'epilogue {c.epilogue.value}'"
+    elif en % 16 or c.tile.n % en:
+        yield "epilogue_tile", (f"epilogue_tile {en} must be a multiple of 16 that divides the tile's BN {c.tile.n} "
+                                f"(e.g. {', '.join(str(v) for v in range(16, c.tile.n + 1, 16) if c.tile.n % v == 0)})")
+
+
+@rule("sm90.room", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue", "epilogue_tile"),
+      "stages auto must leave room for 2 stages beside the epilogue in {gpu.smem_per_block} B",
+      after=("sm90.stages", "sm90.epilogue_tile"))
 def _sm90_room(p, gpu):
     c = p.config
     stages, _ = sm90_stages_and_smem(c, gpu.smem_per_block)
@@ -358,7 +373,7 @@ def _sm90_room(p, gpu):
         yield "stages" if c.stages else "tile", f"tile {c.tile} leaves room for {stages} pipeline stage(s) beside the epilogue in {gpu.smem_per_block} bytes; the mainloop needs 2"
 
 
-@rule("sm90.smem", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue"),
+@rule("sm90.smem", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue", "epilogue_tile"),
       "shared memory about stages*(BM+BN)*BK*2 + the epilogue's (up to 33 KB with tma) <= {gpu.smem_per_block} B",
       after=("sm90.room",))
 def _sm90_smem(p, gpu):

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from l2gen.check import check, violations
+from l2gen.diagnostics import DiagnosticError
 from l2gen.ir import Family
 from l2gen.limits import SM80_TILE_K, SM80_TILE_M, SM80_TILE_N, SM80_WARPS
 from l2gen.parse import grammar_text, parse
@@ -50,6 +51,7 @@ BREAKS = {
     "sm90.stages": (sm90("tile 128 x 128 x 64 stages 9"), H),
     "sm90.room": (sm90("tile 256 x 192 x 128 mainloop cooperative"), H),
     "sm90.smem": (sm90("tile 128 x 256 x 128 stages 7"), H),
+    "sm90.epilogue_tile": (sm90("tile 128 x 128 x 64 epilogue_tile 48"), H),
     "sm90.splits": (sm90("tile 128 x 128 x 64 splits 2"), H),
     "sm90.decomposition": (sm90("tile 128 x 128 x 64 decomposition stream_k"), H),
     "sm90.fixed_splits": (sm90("tile 128 x 128 x 64 scheduler stream_k splits 2 decomposition data_parallel"), H),
@@ -202,3 +204,29 @@ def test_grid_caps_the_persistent_kernels_and_is_printed_only_when_set():
         assert re.search(rf"\n +grid +{program.knobs.grid}\n", format_program(program))
         assert parse(format_program(program)) == program
     assert "grid" not in format_program(parse(l2("tile 128 x 128 x 64")))
+
+
+@pytest.mark.parametrize("text, words", [
+    (sm90("tile 128 x 128 x 64 epilogue direct epilogue_tile 64"), "only the TMA epilogue"),
+    (sm90("tile 128 x 128 x 64 epilogue_tile 40"), "a multiple of 16 that divides the tile's BN 128 (e.g. 16, 32, 64, 128)"),
+    (sm90("tile 128 x 192 x 64 epilogue_tile 128"), "divides the tile's BN 192"),
+])
+def test_an_epilogue_tile_is_refused_where_the_epilogue_cannot_stage_it(text, words):
+    program = parse(text, "p.l2")
+    found = [d for r, d in violations(program, H) if r.name == "sm90.epilogue_tile"]
+    assert len(found) == 1 and words in found[0].message, found
+    assert found[0].span == program.span_of("epilogue_tile")
+
+
+def test_an_epilogue_tile_is_a_cutlass_decision_printed_only_when_set():
+    for text in (sm90("tile 128 x 128 x 64 mainloop cooperative epilogue_tile 64"),
+                 sm90("tile 64 x 256 x 64 mainloop pingpong epilogue_tile 256"),
+                 sm90("tile 128 x 160 x 64 mainloop pingpong epilogue_tile 80")):
+        program = parse(text)
+        assert check(program, H) == [], text
+        assert re.search(rf"\n +epilogue_tile +{program.config.epilogue_tile}\n", format_program(program))
+        assert parse(format_program(program)) == program
+    assert "epilogue_tile" not in format_program(parse(sm90("tile 128 x 128 x 64")))
+    for text in (l2("tile 128 x 128 x 64 epilogue_tile 64"), sm80("tile 128 x 128 x 32 epilogue_tile 64")):
+        with pytest.raises(DiagnosticError, match="E-FAMILY"):
+            parse(text)
