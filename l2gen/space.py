@@ -8,7 +8,7 @@ per slot into a :class:`Program`, which the checker then accepts or rejects.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import limits
 from .check import is_valid
@@ -48,6 +48,7 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 # Persistent grid caps worth trying (0: every SM): whole clusters of up to 8 CTAs each; 112
 # and 128 divide the tile counts of power-of-two problems into equal runs.
 GRIDS = (0, 64, 96, 112, 128)
+EPILOGUE_TILES = (0, 64, 128)
 
 SLOTS: dict[Family, tuple[Slot, ...]] = {
     Family.SM80: (
@@ -71,6 +72,9 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("cluster", ((1, 1), (2, 1), (1, 2), (2, 2))),
         Slot("mainloop", tuple(Mainloop)),
         Slot("epilogue", tuple(Sm90Epilogue)),
+        # the TMA epilogue's columns (0: CUTLASS's 32 or 16): wider tiles, fewer and larger
+        # stores of C, for the shapes its write bounds
+        Slot("epilogue_tile", EPILOGUE_TILES, prior=0),
         Slot("stages", (0, 3, 4, 5, 6)),
         Slot("scheduler", tuple(Scheduler)),
         Slot("raster", tuple(Raster), runtime=True),
@@ -116,7 +120,8 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
     else:
         config = Sm90Config(
             tile=tile,
-            **given(c, cluster=lambda mn: (*mn, 1), mainloop=Mainloop, epilogue=Sm90Epilogue, stages=None, scheduler=Scheduler),
+            **given(c, cluster=lambda mn: (*mn, 1), mainloop=Mainloop, epilogue=Sm90Epilogue, stages=None, scheduler=Scheduler,
+                    epilogue_tile=None),
         )
     knob_fields = dict(raster=Raster, swizzle=None, splits=None)
     if family in (Family.SM90, Family.SM90_L2GEN):
@@ -141,8 +146,8 @@ def choices_of(program: Program) -> dict:
         out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints, cluster=c.cluster[:2], decomposition=k.decomposition,
                    grid=k.grid)
     else:
-        out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, stages=c.stages, scheduler=c.scheduler, decomposition=k.decomposition,
-                   grid=k.grid)
+        out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, epilogue_tile=c.epilogue_tile, stages=c.stages,
+                   scheduler=c.scheduler, decomposition=k.decomposition, grid=k.grid)
     return out
 
 
@@ -213,6 +218,9 @@ def sanitize(program: Program) -> Program:
     if program.knobs.grid and not grid_applies(program):
         program = program.with_knobs(grid=0)
     c = program.config
+    if isinstance(c, Sm90Config) and c.epilogue_tile and (c.epilogue is not Sm90Epilogue.TMA or c.epilogue_tile == limits.auto_epilogue_columns(c)):
+        program = replace(program, config=replace(c, epilogue_tile=0))  # no staged tile, or CUTLASS's own: one text, one build
+        c = program.config
     if splits_apply(c):
         return program
     if isinstance(c, Sm90Config):

@@ -12,7 +12,7 @@ import pytest
 
 from l2gen.check import is_valid
 from l2gen.db import KernelDB
-from l2gen.ir import BLayout, Family, Knobs, Raster, SplitK
+from l2gen.ir import BLayout, Family, Knobs, Mainloop, Raster, Sm90Epilogue, SplitK
 from l2gen.problem import Measurement, Shape, program_key
 from l2gen.search.base import REWARD_FAILED, REWARD_REJECTED, Proposal, reward
 from l2gen.lower import build_program
@@ -680,6 +680,7 @@ def test_a_slot_with_a_prior_starts_at_it_fresh_and_in_a_policy_saved_before_it(
             probs = policy.probabilities(shape)
             for fam in (Family.SM90, Family.SM90_L2GEN):
                 assert probs[fam.value]["grid"]["0"] == pytest.approx(PRIOR_SHARE)
+            assert probs[Family.SM90.value]["epilogue_tile"]["0"] == pytest.approx(PRIOR_SHARE)
     assert list(fresh.probabilities(Shape(64, 64, 64))[Family.SM90.value]["raster"].values()) == pytest.approx([1 / 3] * 3)
 
 
@@ -697,3 +698,19 @@ def test_the_models_count_a_capped_grids_ctas():
         assert model_us(p.with_knobs(grid=64), shape, gpu) > 1.5 * model_us(p, shape, gpu)
         assert model_us(p.with_knobs(grid=132), shape, gpu) == pytest.approx(model_us(p, shape, gpu))
         assert not np.array_equal(program_vector(p.with_knobs(grid=64), shape, gpu), program_vector(p, shape, gpu))
+
+
+def test_an_epilogue_tile_is_drawn_assembled_and_dropped_where_it_means_nothing():
+    """The slot reaches the program and back; sanitize drops a tile the epilogue does not
+    stage (direct) or that is CUTLASS's own choice, so one kernel keeps one text and build."""
+    from l2gen.space import choices_of, sanitize
+
+    base = dict(bm=128, bn=128, bk=64, mainloop=Mainloop.COOPERATIVE, epilogue=Sm90Epilogue.TMA)
+    p = assemble(Family.SM90, dict(base, epilogue_tile=64))
+    assert p.config.epilogue_tile == 64 and choices_of(p)["epilogue_tile"] == 64
+    assert sanitize(p) == p and is_valid(p, GPUS["h200"])
+    assert sanitize(assemble(Family.SM90, dict(base, epilogue_tile=32))).config.epilogue_tile == 0
+    assert sanitize(assemble(Family.SM90, dict(base, epilogue=Sm90Epilogue.DIRECT, epilogue_tile=64))).config.epilogue_tile == 0
+    rng = random.Random(3)
+    drawn = {random_program(rng, GPUS["h200"], Family.SM90).config.epilogue_tile for _ in range(200)}
+    assert drawn == {0, 64, 128}
