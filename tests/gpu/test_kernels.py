@@ -16,17 +16,29 @@ from l2gen.runtime import device_count
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(device_count() == 0, reason="no CUDA device")]
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.l2"))
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.l2"))
+# CUTLASS's TMA epilogue in tiles wider than its own (decision epilogue_tile), both B layouts
+EPILOGUE_TILES = [ROOT / "bench/programs/epilogue" / f"{name}.l2" for name in
+                  ("coop_kn_256x128x64_c12_e128", "coop_kn_128x256x64_c21_e256", "ping_kn_128x128x64_c12_e128")]
+EPILOGUE_TILE_NK = """kernel ping_nk_64x256x64_e64 {
+    arch sm90a
+    b nk
+    tile 64 x 256 x 64
+    mainloop pingpong
+    epilogue tma
+    epilogue_tile 64
+}"""
 SHAPES = [(1, 8, 8), (100, 200, 72), (129, 136, 1000), (64, 4096, 4096), (1000, 1000, 1000)]
 
 
 def _programs():
     from l2gen.ir import Family
-    from l2gen.parse import parse_file
+    from l2gen.parse import parse, parse_file
     from l2gen.space import random_program
     from l2gen.targets import GPUS
 
-    out = [parse_file(p) for p in EXAMPLES]
+    out = [parse_file(p) for p in EXAMPLES + EPILOGUE_TILES] + [parse(EPILOGUE_TILE_NK)]
     rng = random.Random(7)
     for family in (Family.SM80, Family.SM90, Family.SM90_L2GEN):
         out += [random_program(rng, GPUS["h200"], family) for _ in range(3)]
