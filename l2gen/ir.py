@@ -210,6 +210,10 @@ class Sm90Config:
     # by one TMA store; its rows follow the mainloop: 128 cooperative, 64 otherwise). 0:
     # CUTLASS's choice (32 columns, or 16 where the tile width is not a multiple of 32).
     epilogue_tile: int = 0
+    # Tiles of C staged in shared memory at once, i.e. TMA stores in flight before the next
+    # tile's epilogue must wait for one to have read its buffer (CUTLASS's StagesD). 0:
+    # CUTLASS's choice, min(epilogue tiles per output tile, 2).
+    epilogue_stages: int = 0
     spans: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
 

@@ -36,6 +36,9 @@ SM90_TILE_N = tuple(range(16, 257, 16))
 SM90_TILE_K = (32, 64, 128)
 SM90_CLUSTER = (1, 2, 4, 8)
 SM90_STAGES = range(2, 9)
+# TMA epilogue store depths a program may choose: one buffer (each epilogue tile waits for the
+# last store to have read it) to four
+SM90_EPILOGUE_STAGES = range(1, 5)
 SM90_MAX_ACC_PER_THREAD = 208  # at 224 ptxas serializes wgmma (C7511/C7512) and spills
 
 # l2gen's own sm90a kernel (templates/sm90_l2gen_gemm.cu.j2), in its kernel coordinates:
@@ -88,6 +91,23 @@ def sm90_epilogue_tile(cfg: Sm90Config) -> tuple[int, int]:
     return rows, cfg.epilogue_tile or auto_epilogue_columns(cfg)
 
 
+def sm90_epilogue_tiles(cfg: Sm90Config) -> int:
+    """Epilogue tiles per output tile of an sm90 kernel's TMA epilogue."""
+    em, en = sm90_epilogue_tile(cfg)
+    return (cfg.tile.m // em) * (cfg.tile.n // en)
+
+
+def auto_epilogue_stages(cfg: Sm90Config) -> int:
+    """CUTLASS's builder's TMA store depth (StagesD): min(epilogue tiles per output tile, 2)."""
+    return min(sm90_epilogue_tiles(cfg), 2)
+
+
+def sm90_epilogue_stages(cfg: Sm90Config) -> int:
+    """Tiles of C staged in shared memory at once (TMA stores in flight): the program's
+    ``epilogue_stages`` or CUTLASS's own."""
+    return cfg.epilogue_stages or auto_epilogue_stages(cfg)
+
+
 def auto_epilogue_columns(cfg: Sm90Config) -> int:
     """The columns of CUTLASS's EpilogueTileAuto for an sm90 tile (fp16 output)."""
     return 32 if cfg.tile.n % 32 == 0 else 16
@@ -103,7 +123,7 @@ def sm90_stages_and_smem(cfg: Sm90Config, limit: int = 232448) -> tuple[int, int
         em, en = sm90_epilogue_tile(cfg)
         al = 1024 if en % 64 == 0 else 512 if en % 32 == 0 else 256  # its swizzle atom: 8 rows of 128, 64 or 32 B
         tiles = (bm // em) * (bn // en)
-        epi_t = min(tiles, 2) * em * en * 2 + al
+        epi_t = sm90_epilogue_stages(cfg) * em * en * 2 + al
         epi_p = 16 * min(tiles, 4)
         epi_ss = _up(epi_t + epi_p, al)
     else:

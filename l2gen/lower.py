@@ -166,8 +166,10 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             mainloop=cfg.mainloop.value,
             scheduler=cfg.scheduler.value,
             extended_mma_shapes=needs_extended_mma_shapes(program),
-            # (rows, columns) of the TMA epilogue's tile when the program sets it; None: auto
-            epilogue_tile=sm90_epilogue_tile(cfg) if cfg.epilogue_tile else None,
+            # (rows, columns) of the TMA epilogue's tile when the program sets it (or sets its
+            # store depth, whose collective is assembled without the builder); None: auto
+            epilogue_tile=sm90_epilogue_tile(cfg) if cfg.epilogue_tile or cfg.epilogue_stages else None,
+            epilogue_stages=cfg.epilogue_stages,
         )
     return ctx
 

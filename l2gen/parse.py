@@ -45,7 +45,7 @@ GRAMMAR_PATH = GRAMMAR_DIR / "l2gen.lark"
 COMMON = ("arch", "b_layout", "tile", "stages", "raster", "swizzle", "splits")
 ONLY = {
     Family.SM80: ("epilogue", "warps", "smem_swizzle", "split_k", "min_blocks"),
-    Family.SM90: ("impl", "epilogue", "epilogue_tile", "cluster", "mainloop", "scheduler", "decomposition", "grid"),
+    Family.SM90: ("impl", "epilogue", "epilogue_tile", "epilogue_stages", "cluster", "mainloop", "scheduler", "decomposition", "grid"),
     Family.SM90_L2GEN: ("impl", "swap_ab", "split_k", "hints", "cluster", "decomposition", "pdl", "grid"),
 }
 KEYWORD = {"b_layout": "b"}  # decision name -> the keyword written in the DSL
@@ -274,6 +274,7 @@ class _Builder:
                     stages=lambda v: 0 if v == "auto" else v,
                     scheduler=Scheduler,
                     epilogue_tile=None,
+                    epilogue_stages=None,
                 ),
                 spans=spans,
             )
@@ -309,7 +310,7 @@ class _Builder:
             return tuple(int(t) for t in toks)
         if decision == "stages":
             return "auto" if str(toks[0]) == "auto" else int(toks[0])
-        if decision in ("min_blocks", "swizzle", "splits", "grid", "epilogue_tile"):
+        if decision in ("min_blocks", "swizzle", "splits", "grid", "epilogue_tile", "epilogue_stages"):
             return int(toks[0])
         return str(toks[0])  # an enum word; converted once the family is known
 

@@ -36,6 +36,8 @@ def _lines(program: Program) -> list[tuple[str, str]]:
         ]
         if cfg.epilogue_tile:  # written only when set: programs keyed before it keep their text
             out.append(("epilogue_tile", str(cfg.epilogue_tile)))
+        if cfg.epilogue_stages:
+            out.append(("epilogue_stages", str(cfg.epilogue_stages)))
         out += [("stages", "auto" if cfg.stages == 0 else str(cfg.stages)), ("scheduler", cfg.scheduler.value)]
     elif isinstance(cfg, Sm90L2genConfig):
         out += [

@@ -41,6 +41,7 @@ from .limits import (
     SM80_TILE_N,
     SM80_WARPS,
     SM90_CLUSTER,
+    SM90_EPILOGUE_STAGES,
     SM90_MAX_ACC_PER_THREAD,
     SM90_STAGES,
     SM90_TILE_K,
@@ -363,9 +364,23 @@ def _sm90_epilogue_tile(p, gpu):
                                 f"(e.g. {', '.join(str(v) for v in range(16, c.tile.n + 1, 16) if c.tile.n % v == 0)})")
 
 
-@rule("sm90.room", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue", "epilogue_tile"),
+@rule("sm90.epilogue_stages", "E-RANGE", SM90, ("epilogue_stages", "epilogue"),
+      "epilogue_stages needs epilogue tma: 1..4 tiles of C staged, their TMA stores in flight", after=_SM90)
+def _sm90_epilogue_stages(p, gpu):
+    c = p.config
+    n = c.epilogue_stages
+    if not n:
+        return
+    if c.epilogue is not Sm90Epilogue.TMA:
+        yield "epilogue_stages", f"epilogue_stages {n}: only the TMA epilogue stages C for its stores; this kernel has 'epilogue {c.epilogue.value}'"
+    elif n not in SM90_EPILOGUE_STAGES:
+        yield "epilogue_stages", (f"epilogue_stages {n} is out of range {SM90_EPILOGUE_STAGES.start}..{SM90_EPILOGUE_STAGES.stop - 1} "
+                                  "(tiles of C staged in shared memory, their TMA stores in flight)")
+
+
+@rule("sm90.room", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue", "epilogue_tile", "epilogue_stages"),
       "stages auto must leave room for 2 stages beside the epilogue in {gpu.smem_per_block} B",
-      after=("sm90.stages", "sm90.epilogue_tile"))
+      after=("sm90.stages", "sm90.epilogue_tile", "sm90.epilogue_stages"))
 def _sm90_room(p, gpu):
     c = p.config
     stages, _ = sm90_stages_and_smem(c, gpu.smem_per_block)
@@ -373,7 +388,7 @@ def _sm90_room(p, gpu):
         yield "stages" if c.stages else "tile", f"tile {c.tile} leaves room for {stages} pipeline stage(s) beside the epilogue in {gpu.smem_per_block} bytes; the mainloop needs 2"
 
 
-@rule("sm90.smem", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue", "epilogue_tile"),
+@rule("sm90.smem", "E-SMEM", SM90, ("stages", "tile", "mainloop", "epilogue", "epilogue_tile", "epilogue_stages"),
       "shared memory about stages*(BM+BN)*BK*2 + the epilogue's (up to 33 KB with tma) <= {gpu.smem_per_block} B",
       after=("sm90.room",))
 def _sm90_smem(p, gpu):

@@ -49,6 +49,7 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 # and 128 divide the tile counts of power-of-two problems into equal runs.
 GRIDS = (0, 64, 96, 112, 128)
 EPILOGUE_TILES = (0, 64, 128)
+EPILOGUE_STAGES = (0, 1, 3, 4)
 
 SLOTS: dict[Family, tuple[Slot, ...]] = {
     Family.SM80: (
@@ -75,6 +76,8 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         # the TMA epilogue's columns (0: CUTLASS's 32 or 16): wider tiles, fewer and larger
         # stores of C, for the shapes its write bounds
         Slot("epilogue_tile", EPILOGUE_TILES, prior=0),
+        # tiles of C staged at once, their TMA stores in flight (0: CUTLASS's min(tiles, 2))
+        Slot("epilogue_stages", EPILOGUE_STAGES, prior=0),
         Slot("stages", (0, 3, 4, 5, 6)),
         Slot("scheduler", tuple(Scheduler)),
         Slot("raster", tuple(Raster), runtime=True),
@@ -121,7 +124,7 @@ def assemble(family: Family, choices: dict, *, b_layout: BLayout = BLayout.KN, n
         config = Sm90Config(
             tile=tile,
             **given(c, cluster=lambda mn: (*mn, 1), mainloop=Mainloop, epilogue=Sm90Epilogue, stages=None, scheduler=Scheduler,
-                    epilogue_tile=None),
+                    epilogue_tile=None, epilogue_stages=None),
         )
     knob_fields = dict(raster=Raster, swizzle=None, splits=None)
     if family in (Family.SM90, Family.SM90_L2GEN):
@@ -146,7 +149,8 @@ def choices_of(program: Program) -> dict:
         out.update(swap_ab=c.swap_ab, stages=c.stages, split_k=c.split_k, hints=c.hints, cluster=c.cluster[:2], decomposition=k.decomposition,
                    grid=k.grid)
     else:
-        out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, epilogue_tile=c.epilogue_tile, stages=c.stages,
+        out.update(cluster=c.cluster[:2], mainloop=c.mainloop, epilogue=c.epilogue, epilogue_tile=c.epilogue_tile,
+                   epilogue_stages=c.epilogue_stages, stages=c.stages,
                    scheduler=c.scheduler, decomposition=k.decomposition, grid=k.grid)
     return out
 
@@ -214,12 +218,16 @@ def cap_grid(program: Program, grid: int) -> Program:
 
 def sanitize(program: Program) -> Program:
     """Make knob defaults consistent with compile-time choices (splits need a splitter; a
-    grid cap, a kernel that loops over its tiles)."""
+    grid cap, a kernel that loops over its tiles), and drop an epilogue decision equal to
+    CUTLASS's own choice or meaningless without a TMA epilogue."""
     if program.knobs.grid and not grid_applies(program):
         program = program.with_knobs(grid=0)
     c = program.config
     if isinstance(c, Sm90Config) and c.epilogue_tile and (c.epilogue is not Sm90Epilogue.TMA or c.epilogue_tile == limits.auto_epilogue_columns(c)):
         program = replace(program, config=replace(c, epilogue_tile=0))  # no staged tile, or CUTLASS's own: one text, one build
+        c = program.config
+    if isinstance(c, Sm90Config) and c.epilogue_stages and (c.epilogue is not Sm90Epilogue.TMA or c.epilogue_stages == limits.auto_epilogue_stages(c)):
+        program = replace(program, config=replace(c, epilogue_stages=0))  # the same: CUTLASS's own depth, one build
         c = program.config
     if splits_apply(c):
         return program

@@ -141,9 +141,10 @@ Decisions (omitted ones take the default in brackets):
 - sm90a only: cluster CM x CN x 1 (CTAs sharing TMA multicast) [1 x 1 x 1];
   mainloop ws|pingpong|cooperative [cooperative]; epilogue tma|direct [tma];
   epilogue_tile N (tma only: columns of C per TMA store, a multiple of 16 dividing BN) [CUTLASS's 32];
+  epilogue_stages N (tma only: 1..4 tiles of C staged, their TMA stores in flight) [CUTLASS's min(tiles, 2)];
   stages N|auto [auto]; scheduler persistent|stream_k [persistent];
   decomposition heuristic|data_parallel|split_k|stream_k (stream_k scheduler only) [heuristic].
-- sm90a impl l2gen only (no mainloop, epilogue, epilogue_tile, scheduler): swap_ab on|off
+- sm90a impl l2gen only (no mainloop, epilogue, epilogue_tile, epilogue_stages, scheduler): swap_ab on|off
   (compute C^T = B^T A^T: N along wgmma's 64-row side, M along its N; for small M) [off];
   BK 64, 128 or 256 (a deeper K tile keeps more bytes in flight for few CTAs streaming a
   long K); stages N [4]; split_k none|cluster|atomic|ordered (cluster: the splits CTAs of a tile reduce

@@ -55,7 +55,8 @@ def kernels() -> None:
     body = tiny[tiny.index("\nkernel ") + 1:]  # the program without its leading comment
     good = {"tiny": tiny, "sm90": sm90, "l2gen": l2g, "l2gen_pdl": l2g.replace("stages  4", "stages  4\n    pdl on"),
             "sm90_grid": sm90.replace("stages        auto", "stages        auto\n    grid 64"),
-            "sm90_epilogue_tile": sm90.replace("epilogue      tma", "epilogue      tma\n    epilogue_tile 64")}
+            "sm90_epilogue_tile": sm90.replace("epilogue      tma", "epilogue      tma\n    epilogue_tile 64"),
+            "sm90_epilogue_stages": sm90.replace("epilogue      tma", "epilogue      tma\n    epilogue_stages 3")}
     for name, text in good.items():
         case(f"kernel_ok_{name}", ["check", "{input}"], "ok", input=text, ext=".l2")
     bad = {
@@ -113,6 +114,8 @@ def kernels() -> None:
         "grid_negative": sm90.replace("stages        auto", "stages        auto\n    grid -4"),
         "epilogue_tile_on_l2gen": l2g.replace("stages  4", "stages  4\n    epilogue_tile 64"),
         "epilogue_tile_uneven": sm90.replace("epilogue      tma", "epilogue      tma\n    epilogue_tile 24"),
+        "epilogue_stages_on_sm80": body.replace("stages       3", "stages       3\n    epilogue_stages 2"),
+        "epilogue_stages_too_deep": sm90.replace("epilogue      tma", "epilogue      tma\n    epilogue_stages 64"),
         "name_template": body.replace("kernel tiny_sm80", "kernel tiny<int>"),
         "name_namespace": body.replace("kernel tiny_sm80", "kernel std::tiny"),
         "name_digit": body.replace("kernel tiny_sm80", "kernel 9tiny"),

@@ -18,9 +18,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(device_count() == 0, reason="n
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.l2"))
-# CUTLASS's TMA epilogue in tiles wider than its own (decision epilogue_tile), both B layouts
+# CUTLASS's TMA epilogue in tiles wider than its own (decision epilogue_tile) and with more or
+# fewer of them staged (epilogue_stages), both B layouts
 EPILOGUE_TILES = [ROOT / "bench/programs/epilogue" / f"{name}.l2" for name in
-                  ("coop_kn_256x128x64_c12_e128", "coop_kn_128x256x64_c21_e256", "ping_kn_128x128x64_c12_e128")]
+                  ("coop_kn_256x128x64_c12_e128", "coop_kn_128x256x64_c21_e256", "ping_kn_128x128x64_c12_e128",
+                   "ping_kn_128x128x64_c12_e128_d4", "coop_kn_128x256x64_c21_e256_d2")]
 EPILOGUE_TILE_NK = """kernel ping_nk_64x256x64_e64 {
     arch sm90a
     b nk
@@ -28,6 +30,16 @@ EPILOGUE_TILE_NK = """kernel ping_nk_64x256x64_e64 {
     mainloop pingpong
     epilogue tma
     epilogue_tile 64
+}"""
+# stream-K's partial tiles go through the same staged stores
+EPILOGUE_STAGES_NK = """kernel sk_nk_128x128x64_d3 {
+    arch sm90a
+    b nk
+    tile 128 x 128 x 64
+    mainloop cooperative
+    epilogue tma
+    epilogue_stages 3
+    scheduler stream_k
 }"""
 SHAPES = [(1, 8, 8), (100, 200, 72), (129, 136, 1000), (64, 4096, 4096), (1000, 1000, 1000)]
 
@@ -38,7 +50,7 @@ def _programs():
     from l2gen.space import random_program
     from l2gen.targets import GPUS
 
-    out = [parse_file(p) for p in EXAMPLES + EPILOGUE_TILES] + [parse(EPILOGUE_TILE_NK)]
+    out = [parse_file(p) for p in EXAMPLES + EPILOGUE_TILES] + [parse(EPILOGUE_TILE_NK), parse(EPILOGUE_STAGES_NK)]
     rng = random.Random(7)
     for family in (Family.SM80, Family.SM90, Family.SM90_L2GEN):
         out += [random_program(rng, GPUS["h200"], family) for _ in range(3)]

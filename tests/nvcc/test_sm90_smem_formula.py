@@ -1,11 +1,11 @@
 """The checker's shared-memory formula for CUTLASS's sm90a kernels is exact, for the
-epilogue tiles a program may choose: each program below is rendered, a static_assert that
+epilogue tiles and store depths a program may choose: each program below is rendered, a static_assert that
 ``GemmKernel::SharedStorageSize`` and the mainloop's stage count equal what
 ``l2gen.limits.sm90_stages_and_smem`` says is appended, and nvcc's front end (``--cuda``: it
 instantiates every template, then stops before code generation) must accept it. A wrong
 formula would let the checker accept a program over the shared memory, or refuse one that
 fits. About 40 s of nvcc per program on 2 cores; the rest of the epilogue tiles were checked
-the same way when the decision was added (tests/unit/test_sm90_smem.py holds their values).
+the same way when the decisions were added (tests/unit/test_sm90_smem.py holds their values).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ pytestmark = pytest.mark.nvcc
 PROGRAMS = [
     # one TMA store tile per output tile (StagesD 1): the smallest case of the formula
     sm90("b nk tile 64 x 128 x 64 mainloop pingpong epilogue_tile 128"),
-    # a 128-byte swizzle atom on the cooperative mainloop, two stores in flight
-    sm90("b kn tile 128 x 128 x 64 mainloop cooperative epilogue_tile 64"),
+    # a 128-byte swizzle atom on the cooperative mainloop, three stores in flight: the
+    # collective assembled without the builder (epilogue_stages)
+    sm90("b kn tile 128 x 128 x 64 mainloop cooperative epilogue_tile 64 epilogue_stages 3"),
 ]
 
 

@@ -10,7 +10,7 @@ import pytest
 from l2gen.check import check, violations
 from l2gen.diagnostics import DiagnosticError
 from l2gen.ir import Family
-from l2gen.limits import SM80_TILE_K, SM80_TILE_M, SM80_TILE_N, SM80_WARPS
+from l2gen.limits import SM80_TILE_K, SM80_TILE_M, SM80_TILE_N, SM80_WARPS, sm90_stages_and_smem
 from l2gen.parse import grammar_text, parse
 from l2gen.printer import format_program
 from l2gen.rules import BY_NAME, RULES, rules_for
@@ -52,6 +52,7 @@ BREAKS = {
     "sm90.room": (sm90("tile 256 x 192 x 128 mainloop cooperative"), H),
     "sm90.smem": (sm90("tile 128 x 256 x 128 stages 7"), H),
     "sm90.epilogue_tile": (sm90("tile 128 x 128 x 64 epilogue_tile 48"), H),
+    "sm90.epilogue_stages": (sm90("tile 128 x 128 x 64 epilogue_stages 5"), H),
     "sm90.splits": (sm90("tile 128 x 128 x 64 splits 2"), H),
     "sm90.decomposition": (sm90("tile 128 x 128 x 64 decomposition stream_k"), H),
     "sm90.fixed_splits": (sm90("tile 128 x 128 x 64 scheduler stream_k splits 2 decomposition data_parallel"), H),
@@ -228,5 +229,37 @@ def test_an_epilogue_tile_is_a_cutlass_decision_printed_only_when_set():
         assert parse(format_program(program)) == program
     assert "epilogue_tile" not in format_program(parse(sm90("tile 128 x 128 x 64")))
     for text in (l2("tile 128 x 128 x 64 epilogue_tile 64"), sm80("tile 128 x 128 x 32 epilogue_tile 64")):
+        with pytest.raises(DiagnosticError, match="E-FAMILY"):
+            parse(text)
+
+
+@pytest.mark.parametrize("text, words", [
+    (sm90("tile 128 x 128 x 64 epilogue direct epilogue_stages 2"), "only the TMA epilogue"),
+    (sm90("tile 128 x 128 x 64 epilogue_stages 5"), "out of range 1..4"),
+])
+def test_a_store_depth_is_refused_where_the_epilogue_cannot_stage_it(text, words):
+    program = parse(text, "p.l2")
+    found = [d for r, d in violations(program, H) if r.name == "sm90.epilogue_stages"]
+    assert len(found) == 1 and words in found[0].message, found
+    assert found[0].span == program.span_of("epilogue_stages")
+
+
+def test_a_store_depth_counts_in_the_shared_memory_and_prints_only_when_set():
+    """Deeper store pipelines take shared memory from the mainloop's stages (auto) or exceed
+    it (fixed stages), each decision at its own location."""
+    shallow = parse(sm90("tile 128 x 256 x 64 mainloop cooperative epilogue_tile 256 epilogue_stages 1"))
+    deep = parse(sm90("tile 128 x 256 x 64 mainloop cooperative epilogue_tile 256 epilogue_stages 2"))
+    assert check(shallow, H) == [] and check(deep, H) == []
+    assert sm90_stages_and_smem(shallow.config)[0] == 3 and sm90_stages_and_smem(deep.config)[0] == 2
+    over = parse(sm90("tile 128 x 256 x 64 mainloop cooperative epilogue_tile 256 epilogue_stages 3"), "p.l2")
+    assert any(r.name == "sm90.room" for r, _ in violations(over, H))
+    for text in (sm90("tile 128 x 128 x 64 mainloop pingpong epilogue_tile 128 epilogue_stages 4"),
+                 sm90("tile 256 x 128 x 64 mainloop cooperative epilogue_stages 3")):
+        program = parse(text)
+        assert check(program, H) == [], text
+        assert re.search(rf"\n +epilogue_stages +{program.config.epilogue_stages}\n", format_program(program))
+        assert parse(format_program(program)) == program
+    assert "epilogue_stages" not in format_program(parse(sm90("tile 128 x 128 x 64 epilogue_tile 64")))
+    for text in (l2("tile 128 x 128 x 64 epilogue_stages 2"), sm80("tile 128 x 128 x 32 epilogue_stages 2")):
         with pytest.raises(DiagnosticError, match="E-FAMILY"):
             parse(text)

@@ -681,6 +681,7 @@ def test_a_slot_with_a_prior_starts_at_it_fresh_and_in_a_policy_saved_before_it(
             for fam in (Family.SM90, Family.SM90_L2GEN):
                 assert probs[fam.value]["grid"]["0"] == pytest.approx(PRIOR_SHARE)
             assert probs[Family.SM90.value]["epilogue_tile"]["0"] == pytest.approx(PRIOR_SHARE)
+            assert probs[Family.SM90.value]["epilogue_stages"]["0"] == pytest.approx(PRIOR_SHARE)
     assert list(fresh.probabilities(Shape(64, 64, 64))[Family.SM90.value]["raster"].values()) == pytest.approx([1 / 3] * 3)
 
 
@@ -714,3 +715,24 @@ def test_an_epilogue_tile_is_drawn_assembled_and_dropped_where_it_means_nothing(
     rng = random.Random(3)
     drawn = {random_program(rng, GPUS["h200"], Family.SM90).config.epilogue_tile for _ in range(200)}
     assert drawn == {0, 64, 128}
+
+
+def test_a_store_depth_is_drawn_assembled_and_dropped_where_it_means_nothing():
+    """As the epilogue tile: the slot reaches the program and back; a depth equal to
+    CUTLASS's own (min(tiles, 2), after the tile is settled) or without a TMA epilogue is
+    dropped."""
+    from l2gen.space import choices_of, sanitize
+
+    base = dict(bm=128, bn=128, bk=64, mainloop=Mainloop.COOPERATIVE, epilogue=Sm90Epilogue.TMA)
+    p = assemble(Family.SM90, dict(base, epilogue_stages=3))
+    assert p.config.epilogue_stages == 3 and choices_of(p)["epilogue_stages"] == 3
+    assert sanitize(p) == p and is_valid(p, GPUS["h200"])
+    assert sanitize(assemble(Family.SM90, dict(base, epilogue_stages=2))).config.epilogue_stages == 0
+    # one epilogue tile per output tile: CUTLASS's depth is 1, so 1 is dropped and 3 kept
+    whole = dict(base, epilogue_tile=128)
+    assert sanitize(assemble(Family.SM90, dict(whole, epilogue_stages=1))).config.epilogue_stages == 0
+    assert sanitize(assemble(Family.SM90, dict(whole, epilogue_stages=3))).config.epilogue_stages == 3
+    assert sanitize(assemble(Family.SM90, dict(base, epilogue=Sm90Epilogue.DIRECT, epilogue_stages=3))).config.epilogue_stages == 0
+    rng = random.Random(3)
+    drawn = {random_program(rng, GPUS["h200"], Family.SM90).config.epilogue_stages for _ in range(300)}
+    assert drawn == {0, 1, 3, 4}

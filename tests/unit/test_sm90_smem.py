@@ -20,6 +20,12 @@ MEASURED = [
     ("tile 64 x 256 x 64 mainloop pingpong epilogue_tile 256", 4, 198656),
     ("tile 128 x 256 x 64 mainloop cooperative epilogue_tile 128", 3, 215040),
     ("tile 256 x 128 x 64 mainloop cooperative", 4, 214016),
+    # epilogue_stages (StagesD): deeper or shallower store pipelines than the builder's
+    ("tile 128 x 128 x 64 mainloop pingpong epilogue_tile 128 epilogue_stages 4", 5, 231424),
+    ("tile 256 x 128 x 64 mainloop cooperative epilogue_stages 3", 4, 222208),
+    ("tile 128 x 256 x 64 mainloop cooperative epilogue_tile 256 epilogue_stages 2", 2, 231424),
+    ("tile 64 x 256 x 64 mainloop ws epilogue_tile 64 epilogue_stages 1 stages 4", 4, 164864),
+    ("tile 128 x 128 x 64 mainloop cooperative epilogue_tile 64 epilogue_stages 3", 5, 215040),
 ]
 
 
