@@ -350,6 +350,14 @@ def _sm90_stages(p, gpu):
         yield "stages", f"stages {c.stages} is out of range {SM90_STAGES.start}..{SM90_STAGES.stop - 1} (or auto)"
 
 
+def _staged_epilogue(c, decision: str) -> str | None:
+    """Why an epilogue decision of ``c`` cannot apply (only the TMA epilogue stages C in
+    shared memory), or None."""
+    if c.epilogue is not Sm90Epilogue.TMA:
+        return f"{decision} {getattr(c, decision)}: only the TMA epilogue stages C in shared memory; this kernel has 'epilogue {c.epilogue.value}'"
+    return None
+
+
 @rule("sm90.epilogue_tile", "E-RANGE", SM90, ("epilogue_tile", "epilogue", "tile"),
       "epilogue_tile needs epilogue tma, in columns: a multiple of 16 that divides BN", after=_SM90)
 def _sm90_epilogue_tile(p, gpu):
@@ -357,8 +365,8 @@ def _sm90_epilogue_tile(p, gpu):
     en = c.epilogue_tile
     if not en:
         return
-    if c.epilogue is not Sm90Epilogue.TMA:
-        yield "epilogue_tile", f"epilogue_tile {en}: only the TMA epilogue stages C in tiles; this kernel has 'epilogue {c.epilogue.value}'"
+    if why := _staged_epilogue(c, "epilogue_tile"):
+        yield "epilogue_tile", why
     elif en % 16 or c.tile.n % en:
         yield "epilogue_tile", (f"epilogue_tile {en} must be a multiple of 16 that divides the tile's BN {c.tile.n} "
                                 f"(e.g. {', '.join(str(v) for v in range(16, c.tile.n + 1, 16) if c.tile.n % v == 0)})")
@@ -371,8 +379,8 @@ def _sm90_epilogue_stages(p, gpu):
     n = c.epilogue_stages
     if not n:
         return
-    if c.epilogue is not Sm90Epilogue.TMA:
-        yield "epilogue_stages", f"epilogue_stages {n}: only the TMA epilogue stages C for its stores; this kernel has 'epilogue {c.epilogue.value}'"
+    if why := _staged_epilogue(c, "epilogue_stages"):
+        yield "epilogue_stages", why
     elif n not in SM90_EPILOGUE_STAGES:
         yield "epilogue_stages", (f"epilogue_stages {n} is out of range {SM90_EPILOGUE_STAGES.start}..{SM90_EPILOGUE_STAGES.stop - 1} "
                                   "(tiles of C staged in shared memory, their TMA stores in flight)")

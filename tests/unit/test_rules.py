@@ -207,16 +207,18 @@ def test_grid_caps_the_persistent_kernels_and_is_printed_only_when_set():
     assert "grid" not in format_program(parse(l2("tile 128 x 128 x 64")))
 
 
-@pytest.mark.parametrize("text, words", [
-    (sm90("tile 128 x 128 x 64 epilogue direct epilogue_tile 64"), "only the TMA epilogue"),
-    (sm90("tile 128 x 128 x 64 epilogue_tile 40"), "a multiple of 16 that divides the tile's BN 128 (e.g. 16, 32, 64, 128)"),
-    (sm90("tile 128 x 192 x 64 epilogue_tile 128"), "divides the tile's BN 192"),
+@pytest.mark.parametrize("text, decision, words", [
+    (sm90("tile 128 x 128 x 64 epilogue direct epilogue_tile 64"), "epilogue_tile", "only the TMA epilogue"),
+    (sm90("tile 128 x 128 x 64 epilogue_tile 40"), "epilogue_tile", "a multiple of 16 that divides the tile's BN 128 (e.g. 16, 32, 64, 128)"),
+    (sm90("tile 128 x 192 x 64 epilogue_tile 128"), "epilogue_tile", "divides the tile's BN 192"),
+    (sm90("tile 128 x 128 x 64 epilogue direct epilogue_stages 2"), "epilogue_stages", "only the TMA epilogue"),
+    (sm90("tile 128 x 128 x 64 epilogue_stages 5"), "epilogue_stages", "out of range 1..4"),
 ])
-def test_an_epilogue_tile_is_refused_where_the_epilogue_cannot_stage_it(text, words):
+def test_an_epilogue_decision_is_refused_where_the_epilogue_cannot_stage_it(text, decision, words):
     program = parse(text, "p.l2")
-    found = [d for r, d in violations(program, H) if r.name == "sm90.epilogue_tile"]
+    found = [d for r, d in violations(program, H) if r.name == f"sm90.{decision}"]
     assert len(found) == 1 and words in found[0].message, found
-    assert found[0].span == program.span_of("epilogue_tile")
+    assert found[0].span == program.span_of(decision)
 
 
 def test_an_epilogue_tile_is_a_cutlass_decision_printed_only_when_set():
@@ -231,17 +233,6 @@ def test_an_epilogue_tile_is_a_cutlass_decision_printed_only_when_set():
     for text in (l2("tile 128 x 128 x 64 epilogue_tile 64"), sm80("tile 128 x 128 x 32 epilogue_tile 64")):
         with pytest.raises(DiagnosticError, match="E-FAMILY"):
             parse(text)
-
-
-@pytest.mark.parametrize("text, words", [
-    (sm90("tile 128 x 128 x 64 epilogue direct epilogue_stages 2"), "only the TMA epilogue"),
-    (sm90("tile 128 x 128 x 64 epilogue_stages 5"), "out of range 1..4"),
-])
-def test_a_store_depth_is_refused_where_the_epilogue_cannot_stage_it(text, words):
-    program = parse(text, "p.l2")
-    found = [d for r, d in violations(program, H) if r.name == "sm90.epilogue_stages"]
-    assert len(found) == 1 and words in found[0].message, found
-    assert found[0].span == program.span_of("epilogue_stages")
 
 
 def test_a_store_depth_counts_in_the_shared_memory_and_prints_only_when_set():
