@@ -122,7 +122,7 @@ def sm90_stages_and_smem(cfg: Sm90Config, limit: int = 232448) -> tuple[int, int
     if cfg.epilogue is Sm90Epilogue.TMA:
         em, en = sm90_epilogue_tile(cfg)
         al = 1024 if en % 64 == 0 else 512 if en % 32 == 0 else 256  # its swizzle atom: 8 rows of 128, 64 or 32 B
-        tiles = (bm // em) * (bn // en)
+        tiles = sm90_epilogue_tiles(cfg)
         epi_t = sm90_epilogue_stages(cfg) * em * en * 2 + al
         epi_p = 16 * min(tiles, 4)
         epi_ss = _up(epi_t + epi_p, al)
