@@ -231,8 +231,12 @@ class EvidenceMismatchError(DatabaseError):
     """The database holds simulated rows and measured ones were to be added, or the reverse."""
 
 
-def _env_rows(rows: str, env: dict) -> str:
-    """``rows`` restricted to measured (not simulated) rows whose env has ``env``'s values."""
+def _env_rows(rows: str, env: dict, card: str | None = None) -> str:
+    """``rows`` restricted to measured (not simulated) rows whose env has ``env``'s values
+    and, given ``card`` (a target's name, e.g. "h200"), whose recorded device is that card
+    where they record one: a tune asked for an H200 but run on a lent H100 files its rows
+    under h200, and they say which card timed them (rows from before devices were
+    recorded count)."""
     def literal(value) -> str:
         return "'" + str(value).replace("'", "''") + "'"
 
@@ -241,6 +245,9 @@ def _env_rows(rows: str, env: dict) -> str:
         if not str(key).isidentifier():
             raise ValueError(f"not an environment key: {key!r}")
         where.append(f"json_extract(env, '$.{key}') = {literal(value)}")
+    if card is not None:
+        where.append(f"(json_extract(env, '$.device') IS NULL OR "
+                     f"instr(lower(json_extract(env, '$.device')), {literal(card.lower())}) > 0)")
     return f"(SELECT * FROM {rows} AS e WHERE {' AND '.join(where)})"
 
 
@@ -449,11 +456,11 @@ class KernelDB:
         """The protocol a lookup reads: the one asked for, else the database's own."""
         return l2 or self.l2 or LEGACY_L2
 
-    def _best_sql(self, env: dict | None = None) -> str:
-        return _BEST.replace("{rows}", self._rows if env is None else _env_rows(self._rows, env))
+    def _best_sql(self, env: dict | None = None, card: str | None = None) -> str:
+        return _BEST.replace("{rows}", self._rows if env is None else _env_rows(self._rows, env, card))
 
-    def _judged_sql(self, env: dict | None = None) -> str:
-        return _JUDGED.replace("{rows}", self._rows if env is None else _env_rows(self._rows, env))
+    def _judged_sql(self, env: dict | None = None, card: str | None = None) -> str:
+        return _JUDGED.replace("{rows}", self._rows if env is None else _env_rows(self._rows, env, card))
 
     # -- writing -------------------------------------------------------------------------
 
@@ -581,7 +588,8 @@ class KernelDB:
         """The best (program, speedup, time_us) of every shape measured on a GPU under an
         L2 protocol (None: the database's own). ``b_layout`` restricts each shape's best to
         programs for that operand layout. ``env`` (what a dispatcher serves): only rows that
-        were measured, not simulated, and whose recorded environment has each of its key:
+        were measured, not simulated, on the GPU's own card where they name the card they
+        ran on (env ``device``), and whose recorded environment has each of ``env``'s key:
         value pairs (e.g. ``{"nvcc": "13.0.88"}``) count."""
         return self._bests(gpu, b_layout, l2, env, None)
 
@@ -589,7 +597,8 @@ class KernelDB:
         # The best view keeps one program per (shape, arch) whatever its B layout, so a
         # layout's best can hide behind another layout's; a lookup for one layout ranks
         # the judged programs of that layout instead (the same judgement, the same order).
-        rows = self._best_sql(env) if b_layout is None else self._judged_sql(env) + " SELECT * FROM judged"
+        card = _gpu_name(gpu)
+        rows = self._best_sql(env, card) if b_layout is None else self._judged_sql(env, card) + " SELECT * FROM judged"
         where, args = "gpu = ? AND l2 = ?", (_gpu_name(gpu), self._l2(l2))
         if shape is not None:
             where, args = where + " AND m = ? AND n = ? AND k = ?", args + (shape.m, shape.n, shape.k)
@@ -627,7 +636,7 @@ class KernelDB:
         by its least favourable run, and only where every one of its runs timed the
         fallback. ``env`` as for :meth:`best_all`. A program that ever computed a wrong
         result there has none."""
-        rows = self._rows if env is None else _env_rows(self._rows, env)
+        rows = self._rows if env is None else _env_rows(self._rows, env, _gpu_name(gpu))
         found = self._query(
             f"SELECT m, n, k, program_key, MIN(fallback_us / time_us), COUNT(fallback_us), COUNT(*) FROM {rows} AS r "
             "WHERE gpu = ? AND l2 = ? AND status = 'ok' AND time_us > 0 AND NOT EXISTS ("

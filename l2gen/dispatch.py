@@ -13,7 +13,8 @@ flight at once), so the per-call cost is a dict lookup, a few checks and the lau
 torch's current stream (no sync and no allocation: safe inside CUDA graph capture; a
 stream first seen while capturing gets a workspace of its own for that call, from the
 graph's pool). Only rows measured on this GPU, under the trusted protocol and with this
-process's toolchain (nvcc version) are served; simulated rows never are. A call whose B has a shape that
+process's toolchain (nvcc version) are served; simulated rows never are, nor rows that
+record another card than this GPU's (a tune for the H200 run on a lent H100). A call whose B has a shape that
 no M is served for goes to ``torch.matmul`` after one set lookup, without reading A's shape.
 
 The database is read when a dispatcher is made: if nothing in it beats cuBLAS-best or

@@ -101,6 +101,22 @@ def _policy(args):
     return LLMPolicy(config, args.gpu, seed=args.seed)
 
 
+def measured_on(gpu, device_info=None) -> dict:
+    """The card a tune measures on, for the env of every row it writes (``device``), and a
+    warning where that card is not the target whose limits the checker applies and under
+    whose name the rows are filed (an H100 lent for an H200 tune: its rows say so)."""
+    if device_info is None:
+        from ..runtime import device_info
+    try:
+        name = device_info(0).name
+    except Exception:  # no name to record: the rows go without it, as before
+        return {}
+    if gpu.name.lower() not in name.lower():
+        eprint(f"[tune] measuring on {name}, not on the {gpu.name} this tune targets: its rows are filed under "
+               f"{gpu.name} and record the card they ran on (env 'device')")
+    return {"device": name}
+
+
 def _evaluator(args):
     if args.simulate:
         from ..search.simulate import SimulatedEvaluator
@@ -125,7 +141,10 @@ def _evaluator(args):
     progress = (lambda d, t, r: eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
     runner = worker_runner(Worker(), shim=shim, b_layout=args.b_layout, gpu=args.gpu, reps=args.reps, rounds=args.rounds, l2=args.l2,
                            probes=probes)
-    return DeviceEvaluator(args.gpu, runner, jobs=args.jobs, progress=progress, bundle=args.bundle, l2=args.l2)
+    from ..db import collect_env
+
+    env = {**collect_env(), **measured_on(args.gpu)}
+    return DeviceEvaluator(args.gpu, runner, jobs=args.jobs, progress=progress, bundle=args.bundle, l2=args.l2, env=env)
 
 
 def cmd_tune(args, shapes_of, layout_of) -> int:

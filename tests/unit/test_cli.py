@@ -393,3 +393,23 @@ def test_sample_without_a_compiler_stops_before_its_first_program(monkeypatch, t
     assert "E-TOOLCHAIN" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # no report, no partial tally
     assert main(["sample", "--count", "100001"]) == 2  # over the cap: a usage error
+
+
+def test_a_tune_records_the_card_it_measures_on_and_warns_off_target(capsys):
+    from l2gen.cli.tune import measured_on
+    from l2gen.runtime import DeviceInfo
+    from l2gen.targets import GPUS
+
+    def card(name):
+        return lambda device: DeviceInfo(name=name, sm=90, sms=132, l2_bytes=50 << 20)
+
+    assert measured_on(GPUS["h200"], card("NVIDIA H200")) == {"device": "NVIDIA H200"}
+    assert capsys.readouterr().err == ""
+    assert measured_on(GPUS["h200"], card("NVIDIA H100 80GB HBM3")) == {"device": "NVIDIA H100 80GB HBM3"}
+    err = capsys.readouterr().err
+    assert "measuring on NVIDIA H100 80GB HBM3, not on the h200" in err
+
+    def no_device(device):
+        raise RuntimeError("no CUDA device")
+
+    assert measured_on(GPUS["h200"], no_device) == {}

@@ -539,3 +539,19 @@ def test_a_long_kernel_is_judged_by_its_less_favourable_of_one_call_and_back_to_
     with KernelDB(tmp_path / "k2.db") as db:
         db.import_bench(path)
         assert db.best("h200", big)[2] == pytest.approx(long_row["l2gen_us"])
+
+
+def test_a_dispatchers_lookup_skips_rows_timed_on_another_card(db):
+    """A tune for the H200 run on a lent H100 files its rows under h200 and records the card:
+    the tune's own view ranks them, a dispatcher's (env given) serves only the H200's and
+    those that name no card."""
+    on_h100, on_h200, unnamed = program(128, 128), program(128, 256), program(64, 128, mainloop="pingpong")
+    db.add(replace(ok(on_h100, 10.0), fallback_us=21.0), H200, "tune", {"nvcc": "13.0", "device": "NVIDIA H100 80GB HBM3"})
+    db.add(replace(ok(on_h200, 16.0), fallback_us=21.0), H200, "tune", {"nvcc": "13.0", "device": "NVIDIA H200"})
+    assert db.best(H200, SHAPE)[0] == on_h100
+    assert db.best_all(H200, env={"nvcc": "13.0"})[SHAPE][0] == on_h200
+    assert db.best_all(H200, b_layout=BLayout.KN, env={})[SHAPE][0] == on_h200
+    db.add(ok(unnamed, 12.0), H200, "tune", {"nvcc": "13.0"})  # from before cards were recorded
+    assert db.best_all(H200, env={})[SHAPE][0] == unnamed
+    assert set(db.fallback_speedups(H200)) == {(SHAPE, program_key(on_h100)), (SHAPE, program_key(on_h200))}
+    assert set(db.fallback_speedups(H200, env={})) == {(SHAPE, program_key(on_h200))}
