@@ -7,6 +7,7 @@ counts it against the budget and goes on from there.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
-from ..console import Columns, Reporter, as_reporter
+from ..console import Columns, Reporter, as_reporter, plain
 from ..ir import BLayout, Program
 from ..problem import Measurement, Shape, program_key, unserved
 from ..protocol import DEFAULT_L2
@@ -41,6 +42,9 @@ class ShapeResult:
     best_program: Program | None = None
     best_speedup: float | None = None
     best_time_us: float | None = None
+    # the best speedup over torch.matmul (timed in the same run: the dispatcher's fallback),
+    # of any verified candidate; None where no run timed it
+    best_vs_torch: float | None = None
     curve: list[float] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     resumed: int = 0  # measurements loaded from the database at the start
@@ -56,6 +60,9 @@ class ShapeResult:
         s = m.speedup
         if s is not None and (self.best_speedup is None or s > self.best_speedup):
             self.best_program, self.best_speedup, self.best_time_us = m.program, s, m.time_us
+        if s is not None and m.fallback_us and m.time_us:
+            vs_torch = m.fallback_us / m.time_us
+            self.best_vs_torch = max(vs_torch, self.best_vs_torch or 0.0)
         self.curve.append(self.best_speedup or 0.0)
 
 
@@ -69,19 +76,35 @@ class TuneSummary:
     seconds: float = 0.0
 
     def table(self) -> str:
-        """A plain-text table, one line per shape."""
-        return self.blocks()[0].text()
+        """A plain-text table, one line per shape, then the geomeans."""
+        return plain(self.blocks())
 
     def blocks(self) -> list:
-        """:meth:`table` as :func:`l2gen.console.show` prints it (a rich table on a terminal)."""
-        lines = [f"{'shape':>20}  {'measured':>8}  {'best':>7}  {'time_us':>9}  statuses"]
+        """:meth:`table` as :func:`l2gen.console.show` prints it (a rich table on a terminal):
+        per shape its best speedup over cuBLAS-best ("best") and over torch.matmul ("xtorch"),
+        each the best of its verified candidates, then their geomeans over the shapes with one."""
+        lines = [f"{'shape':>20}  {'measured':>8}  {'best':>7}  {'xtorch':>7}  {'time_us':>9}  statuses"]
         rows = []
         for r in self.results.values():
             best = f"{r.best_speedup:.3f}x" if r.best_speedup else "-"
+            torch = f"{r.best_vs_torch:.3f}x" if r.best_vs_torch else "-"
             t = f"{r.best_time_us:.2f}" if r.best_time_us else "-"
-            lines.append(f"{str(r.shape):>20}  {r.measured:>8}  {best:>7}  {t:>9}  {_counts(r.counts)}")
-            rows.append([str(r.shape), str(r.measured), best, t, _counts(r.counts)])
-        return [Columns(["shape", "measured", "best", "time_us", "statuses"], rows, frozenset({4}), plain="\n".join(lines))]
+            lines.append(f"{str(r.shape):>20}  {r.measured:>8}  {best:>7}  {torch:>7}  {t:>9}  {_counts(r.counts)}")
+            rows.append([str(r.shape), str(r.measured), best, torch, t, _counts(r.counts)])
+        blocks = [Columns(["shape", "measured", "best", "xtorch", "time_us", "statuses"], rows, frozenset({5}),
+                          plain="\n".join(lines))]
+        means = [f"{what} geomean {value:.3f}x over {n} shapes" for what, value, n in (
+            ("cuBLAS-best", *_geomean(r.best_speedup for r in self.results.values())),
+            ("torch.matmul", *_geomean(r.best_vs_torch for r in self.results.values()))) if n]
+        if means:
+            blocks.append("best per shape against " + "; against ".join(means))
+        return blocks
+
+
+def _geomean(values) -> tuple[float, int]:
+    """(geometric mean, count) of the positive values among ``values`` (None and 0 skipped)."""
+    logs = [math.log(v) for v in values if v]
+    return (math.exp(sum(logs) / len(logs)), len(logs)) if logs else (0.0, 0)
 
 
 def _counts(counts: Counter) -> str:

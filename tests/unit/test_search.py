@@ -736,3 +736,21 @@ def test_a_store_depth_is_drawn_assembled_and_dropped_where_it_means_nothing():
     rng = random.Random(3)
     drawn = {random_program(rng, GPUS["h200"], Family.SM90).config.epilogue_stages for _ in range(300)}
     assert drawn == {0, 1, 3, 4}
+
+
+def test_the_tune_summary_gives_each_shapes_best_against_both_bars_and_their_geomeans():
+    from l2gen.search.loop import ShapeResult, TuneSummary
+
+    p = random_program(random.Random(0), H200)
+    a, b = ShapeResult(Shape(64, 4096, 4096)), ShapeResult(Shape(16, 2048, 2048))
+    a.record(Measurement(a.shape, p, "ok", time_us=10.0, baseline_us=9.0, fallback_us=12.0))   # 0.9x, 1.2x
+    a.record(Measurement(a.shape, p, "ok", time_us=8.0, baseline_us=8.8, fallback_us=8.0))    # 1.1x, 1.0x
+    b.record(Measurement(b.shape, p, "ok", time_us=5.0, baseline_us=4.0))                     # 0.8x, torch not timed
+    b.record(Measurement(b.shape, p, "build_error", error="nvcc"))
+    assert a.best_speedup == pytest.approx(1.1) and a.best_vs_torch == pytest.approx(1.2)
+    assert b.best_vs_torch is None
+    summary = TuneSummary("h200", "random", 2, {a.shape: a, b.shape: b})
+    text = summary.table()
+    assert "1.200x" in text and "1.100x" in text
+    assert f"cuBLAS-best geomean {math.sqrt(1.1 * 0.8):.3f}x over 2 shapes" in text
+    assert "torch.matmul geomean 1.200x over 1 shapes" in text
