@@ -98,6 +98,10 @@ class TuneSummary:
             ("torch.matmul", *_geomean(r.best_vs_torch for r in self.results.values()))) if n]
         if means:
             blocks.append("best per shape against " + "; against ".join(means))
+        if self.seconds > 0 and self.results:
+            measured = sum(r.measured - r.resumed for r in self.results.values())
+            blocks.append(f"{measured} candidates measured in {self.seconds:.0f} s of wall time "
+                          f"(compiles included): {self.seconds / len(self.results):.0f} s a shape")
         return blocks
 
 

@@ -754,3 +754,6 @@ def test_the_tune_summary_gives_each_shapes_best_against_both_bars_and_their_geo
     assert "1.200x" in text and "1.100x" in text
     assert f"cuBLAS-best geomean {math.sqrt(1.1 * 0.8):.3f}x over 2 shapes" in text
     assert "torch.matmul geomean 1.200x over 1 shapes" in text
+    assert "s a shape" not in text  # no time taken: no rate to give
+    summary.seconds = 30.0
+    assert "4 candidates measured in 30 s of wall time (compiles included): 15 s a shape" in summary.table()
