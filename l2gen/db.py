@@ -735,7 +735,8 @@ class KernelDB:
         less energy per FLOP wins (16384^3 on the H200: l2gen's 1.11x torch.matmul one call
         at a time, 0.93x back to back). The rows of the shapes in ``skip`` are left out (a
         shape whose measured winner is known to lose where it would be served, in a file
-        that timed no batches). Rows from another GPU raise GpuMismatchError; a file timed
+        that timed no batches). Rows from another GPU, or a file timed on another card than
+        the GPU it names (an H200 bench run on a lent H100), raise GpuMismatchError; a file timed
         under another L2 protocol than the database's, or in graph or server mode (the
         database ranks events-mode speedups), raises ProtocolMismatchError."""
         from .diagnostics import DiagnosticError
@@ -758,6 +759,11 @@ class KernelDB:
             raise ProtocolMismatchError(f"{path} was timed in {protocol.describe()}; a kernel database ranks speedups "
                                         "timed in events mode: bench without --mode to make rows it can take")
         self.check_gpu(gpu)
+        device = doc.get("device")
+        if isinstance(device, str) and device and gpu.lower() not in device.lower():
+            raise GpuMismatchError(f"{path} was timed on {device}, not on the {gpu} it was benched for: its rows are "
+                                   f"not evidence about the {gpu} and would never be served; bench with the --gpu of "
+                                   "that card, into a database of its own")
         self.check_l2(protocol.l2)
         self.check_evidence("measured")
         env = {k: doc.get(k) for k in ("device", "commit", "nvcc", "date") if isinstance(doc.get(k), str)}

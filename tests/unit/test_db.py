@@ -555,3 +555,16 @@ def test_a_dispatchers_lookup_skips_rows_timed_on_another_card(db):
     assert db.best_all(H200, env={})[SHAPE][0] == unnamed
     assert set(db.fallback_speedups(H200)) == {(SHAPE, program_key(on_h100)), (SHAPE, program_key(on_h200))}
     assert set(db.fallback_speedups(H200, env={})) == {(SHAPE, program_key(on_h200))}
+
+
+def test_import_bench_refuses_a_file_timed_on_another_card_than_it_names(tmp_path):
+    """An H200 bench that ran on a lent H100 (a committed file of one): its rows would be
+    filed under h200 and never served there; the import says so and stores nothing."""
+    from l2gen.db import GpuMismatchError
+
+    on_h100 = Path(__file__).resolve().parents[2] / "bench/results/2026-12-05-h100-epilarge-kn-run1-c40144c.json"
+    with KernelDB(tmp_path / "h200.db") as db:
+        with pytest.raises(GpuMismatchError, match="timed on NVIDIA H100 80GB HBM3, not on the h200"):
+            db.import_bench(on_h100)
+        assert db.count() == 0
+        assert db.import_bench(_bench_file(tmp_path, "h200.json", device="NVIDIA H200")) == 144
