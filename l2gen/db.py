@@ -48,7 +48,7 @@ from .parse import parse
 from .printer import format_program
 from .protocol import LEGACY_L2, ProtocolMismatch, check_l2
 from .problem import Measurement, Shape, Status, program_key
-from .targets import Gpu
+from .targets import Gpu, is_card
 from .toolchain import found_nvcc_version
 from .validate import write_atomic
 
@@ -597,9 +597,9 @@ class KernelDB:
         # The best view keeps one program per (shape, arch) whatever its B layout, so a
         # layout's best can hide behind another layout's; a lookup for one layout ranks
         # the judged programs of that layout instead (the same judgement, the same order).
-        card = _gpu_name(gpu)
-        rows = self._best_sql(env, card) if b_layout is None else self._judged_sql(env, card) + " SELECT * FROM judged"
-        where, args = "gpu = ? AND l2 = ?", (_gpu_name(gpu), self._l2(l2))
+        name = _gpu_name(gpu)
+        rows = self._best_sql(env, name) if b_layout is None else self._judged_sql(env, name) + " SELECT * FROM judged"
+        where, args = "gpu = ? AND l2 = ?", (name, self._l2(l2))
         if shape is not None:
             where, args = where + " AND m = ? AND n = ? AND k = ?", args + (shape.m, shape.n, shape.k)
         found = self._query(f"WITH best AS ({rows}) SELECT m, n, k, program_text, speedup, time_us FROM best WHERE {where} "
@@ -760,7 +760,7 @@ class KernelDB:
                                         "timed in events mode: bench without --mode to make rows it can take")
         self.check_gpu(gpu)
         device = doc.get("device")
-        if isinstance(device, str) and device and gpu.lower() not in device.lower():
+        if isinstance(device, str) and device and not is_card(gpu, device):
             raise GpuMismatchError(f"{path} was timed on {device}, not on the {gpu} it was benched for: its rows are "
                                    f"not evidence about the {gpu} and would never be served; bench with the --gpu of "
                                    "that card, into a database of its own")

@@ -50,7 +50,7 @@ from .ir import BLayout, Family, Knobs, Program
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .problem import Shape, program_key, unserved
 from .space import cap_grid
-from .targets import GPUS, Gpu
+from .targets import GPUS, Gpu, is_card
 
 log = logging.getLogger("l2gen.dispatch")
 
@@ -664,13 +664,10 @@ def detect_gpu() -> Gpu | None:
 
         if not torch.cuda.is_available():
             return None
-        name = torch.cuda.get_device_name().lower()
+        name = torch.cuda.get_device_name()
     except Exception:
         return None
-    for key, gpu in GPUS.items():
-        if key in name:
-            return gpu
-    return None
+    return next((gpu for gpu in GPUS.values() if is_card(gpu, name)), None)
 
 
 def default_db_path(gpu: Gpu) -> Path | None:

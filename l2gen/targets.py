@@ -53,6 +53,15 @@ GPUS: dict[str, Gpu] = {
 DEFAULT_GPU = "h200"
 
 
+def is_card(gpu: Gpu | str, device: str) -> bool:
+    """Whether a CUDA device of that name ("NVIDIA H200", "NVIDIA H100 80GB HBM3") is the
+    card of the target ``gpu`` (a record or its name): the target's name is in the device's.
+    The dispatcher finds its target by it and the database keeps rows of other cards apart
+    by it (its SQL, :func:`l2gen.db._env_rows`, applies the same rule)."""
+    name = gpu.name if isinstance(gpu, Gpu) else str(gpu)
+    return name.lower() in device.lower()
+
+
 def get_gpu(name: str) -> Gpu:
     try:
         return GPUS[name.lower()]

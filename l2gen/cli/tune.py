@@ -8,6 +8,7 @@ from pathlib import Path
 from .common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
 from .model import add_model_options
 from ..protocol import DEFAULT_L2, L2_PROTOCOLS
+from ..targets import is_card
 from ..timing import DEFAULT_ROUNDS, MIN_REPS
 from ..validate import at_least, fraction, gemm_shape, output_file, write_atomic
 
@@ -111,7 +112,7 @@ def measured_on(gpu, device_info=None) -> dict:
         name = device_info(0).name
     except Exception:  # no name to record: the rows go without it, as before
         return {}
-    if gpu.name.lower() not in name.lower():
+    if not is_card(gpu, name):
         eprint(f"[tune] measuring on {name}, not on the {gpu.name} this tune targets: its rows are filed under "
                f"{gpu.name} and record the card they ran on (env 'device')")
     return {"device": name}

@@ -7,7 +7,7 @@ counts it against the budget and goes on from there.
 
 from __future__ import annotations
 
-import math
+import statistics
 import threading
 import time
 from collections import Counter
@@ -107,8 +107,8 @@ class TuneSummary:
 
 def _geomean(values) -> tuple[float, int]:
     """(geometric mean, count) of the positive values among ``values`` (None and 0 skipped)."""
-    logs = [math.log(v) for v in values if v]
-    return (math.exp(sum(logs) / len(logs)), len(logs)) if logs else (0.0, 0)
+    kept = [v for v in values if v]
+    return (statistics.geometric_mean(kept), len(kept)) if kept else (0.0, 0)
 
 
 def _counts(counts: Counter) -> str:
