@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("programs", nargs="*")
     ap.add_argument("--lib", action="append", default=[], metavar="PATH:ENTRY", help="a built library to time too")
     ap.add_argument("--define", action="append", default=[], metavar="MACRO[=VALUE]",
-                    help="also time each program built with -DMACRO (repeatable)")
+                    help="also time each program built with -DMACRO (repeatable; A=1+B=1 defines both)")
     ap.add_argument("--shape", required=True)
     ap.add_argument("--splits", default="1")
     ap.add_argument("--decompositions", default="heuristic", help="comma-separated, e.g. heuristic,data_parallel")
@@ -54,9 +54,9 @@ def main() -> int:
     args = ap.parse_args()
     m, n, k = (int(x) for x in args.shape.lower().split("x"))
     programs = [parse_file(p) for p in args.programs]
-    # Each program as written, then once per --define: (label, program, extra nvcc flags).
+    # Each program as written, then once per --define (A=1+B=1: both macros): (label, program, extra nvcc flags).
     variants = [(p.name, p, ()) for p in programs]
-    variants += [(f"{p.name} -D{d}", p, (f"-D{d}",)) for d in args.define for p in programs]
+    variants += [(f"{p.name} -D{d}", p, tuple(f"-D{m}" for m in d.split("+"))) for d in args.define for p in programs]
     sources = [source(p, GPUS["h200"]) for _, p, _ in variants]
     sources = [dataclasses.replace(s, flags=(*s.flags, *flags)) for s, (_, _, flags) in zip(sources, variants)]
     results = build_many(sources)

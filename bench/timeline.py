@@ -89,7 +89,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", help="write every block of every rep here")
     ap.add_argument("--define", action="append", default=[], metavar="MACRO",
-                    help="also time each program built with -DMACRO (repeatable), e.g. L2GEN_NO_ENTRY_PREFETCH")
+                    help="also time each program built with -DMACRO (repeatable; A=1+B=1 defines both)")
     args = ap.parse_args()
     m, n, k = (int(x) for x in args.shape.lower().split("x"))
     programs = [parse_file(p) for p in args.programs]
@@ -97,9 +97,9 @@ def main() -> int:
         if p.family is not Family.SM90_L2GEN:
             print(f"{p.name}: only impl l2gen kernels carry the trace", file=sys.stderr)
             return 2
-    # Each program as written, then once per --define: (program, label, flags).
+    # Each program as written, then once per --define (A=1+B=1: both macros): (program, label, flags).
     variants = [(p, p.name, ()) for p in programs]
-    variants += [(p, f"{p.name} -D{d}", (f"-D{d}",)) for d in args.define for p in programs]
+    variants += [(p, f"{p.name} -D{d}", tuple(f"-D{m}" for m in d.split("+"))) for d in args.define for p in programs]
     results = build_many([traced_library(p, flags) for p, _, flags in variants])
     for r in results:
         if not r.ok:
