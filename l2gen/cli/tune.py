@@ -193,6 +193,12 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
     if args.library is not None:
         policy.model = model
     _rank_for_the_llm(args, policy, programs, model)
+    if args.library is not None and args.model_gate is not None:  # after the library, compile only what may gain
+        from ..search.model_gate import ModelGated
+
+        policy = ModelGated(policy, args.gpu, slack=args.model_gate, score=model.predict_us if model is not None else None)
+        eprint(f"[tune] new configurations compiled only where the cost model expects them within {args.model_gate:.0%} "
+               f"of the shape's best (--model-gate)")
     if args.grid:  # last: every proposal, the library's included, kept under the cap
         from ..search.grid_cap import GridCapped
 
@@ -226,6 +232,14 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
     if summary.interrupted:
         return 130
     return EXIT_OK if written else EXIT_FAIL
+
+
+def _gate(text: str) -> float | None:
+    """An argparse ``type=`` for --model-gate: a share from 0 to 1, or 'off' (None)."""
+    return None if text.strip().lower() == "off" else fraction(text)
+
+
+_gate.__name__ = "gate"
 
 
 def _write(path: str, option: str, text) -> bool:
@@ -333,6 +347,10 @@ def add_commands(sub, shapes_of, layout_of) -> None:
                    help="measure the kernel library's knob settings first (the one shipped for the GPU, or FOLDER's "
                         "*.l2 files): no compile where 'l2gen build --library' built it")
     p.add_argument("--library-share", type=fraction, default=0.5, help="the most of each shape's budget the library takes (default 0.5)")
+    p.add_argument("--model-gate", type=_gate, default=0.05, metavar="SLACK|off",
+                   help="with --library: compile a new configuration only where the cost model predicts it within SLACK "
+                        "(a share, default 0.05) of the shape's best measured program; a shape with none left stops early. "
+                        "'off': compile whatever the policy proposes")
     p.add_argument("--grid", type=at_least(1), default=None, metavar="N",
                    help="tune launches of at most N CTAs (the knob grid), as a dispatcher with the same cap serves them "
                         "(use_db(grid=N), L2GEN_GRID): each proposal capped, or left out where its kernel launches a CTA per tile")

@@ -306,7 +306,9 @@ class _ShapeRun:
             if not fresh:
                 stalls += 1
                 if stalls >= MAX_STALLS:
-                    result.note = f"stopped at {len(history)}/{budget}: the policy proposed nothing new"
+                    stop_note = getattr(policy, "stop_note", None)  # a wrapper that held proposals back says why
+                    why = stop_note(shape) if callable(stop_note) else None
+                    result.note = f"stopped at {len(history)}/{budget}: {why or 'the policy proposed nothing new'}"
                     say(f"[tune] {shape}: {result.note}")
                     return
                 continue

@@ -167,7 +167,7 @@ def test_tune_library_measures_library_settings_first(tmp_path, capsys):
     db = tmp_path / "sim.db"
     shape = "64x1024x16384"
     assert main(["tune", "--simulate", "--library", "--library-share", "0.5", "--shape", shape, "--b", "nk",
-                 "--budget", "8", "--batch", "4", "--db", str(db), "--fresh-policy"]) == 0
+                 "--budget", "8", "--batch", "4", "--db", str(db), "--fresh-policy", "--model-gate", "off"]) == 0
     assert "kernel library: " in capsys.readouterr().err
     shipped = library.load(H200)
     expected = {program_key(p) for p in library.ranked(shipped, Shape(64, 1024, 16384), H200, 4, b_layout=BLayout.NK)}
