@@ -52,8 +52,9 @@ class ModelGated:
         return [model_us(p, shape, self.gpu) for p in programs]
 
     def bar_us(self, shape: Shape, history: Sequence[Measurement]) -> float | None:
-        """The predicted µs a compiled proposal must come within ``slack`` of: the model's
-        prediction for the shape's fastest verified program; None before there is one."""
+        """The most µs the model may predict for a proposal that needs a compile: its
+        prediction for the shape's fastest verified program, plus ``slack``; None before
+        there is one."""
         ok = [m for m in history if m.status == Status.OK and m.time_us is not None]
         if not ok:
             return None
@@ -69,16 +70,13 @@ class ModelGated:
             proposals = self.inner.propose(shape, history, n - len(out))
             if not proposals:
                 break
-            compiled = [p for p in proposals if not _free(p)]
-            predicted = dict(zip(map(id, compiled), self._predict([p.program for p in compiled], shape))) if bar is not None and compiled else {}
-            for p in proposals:
-                us = predicted.get(id(p))
-                if us is not None and us > bar:
-                    self.gated[shape] = self.gated.get(shape, 0) + 1
-                    continue
-                out.append(p)
             if bar is None:  # nothing to compare with yet: the batch as proposed
-                break
+                return proposals[:n]
+            compiled = [p for p in proposals if not _free(p)]
+            times = self._predict([p.program for p in compiled], shape) if compiled else []
+            slow = {id(p) for p, us in zip(compiled, times) if us > bar}
+            out += [p for p in proposals if id(p) not in slow]
+            self.gated[shape] = self.gated.get(shape, 0) + len(slow)
         return out[:n]
 
     def update(self, shape: Shape, results: Sequence[tuple[Proposal, Measurement]]) -> None:
