@@ -3,13 +3,15 @@ measurements a database holds: for each shape, its candidates in the order they 
 measured; each one predicted more than ``slack`` above the prediction for the best measured
 before it is skipped (its compile and launches saved, the best unchanged), the rest count as
 measured. The model is fit on every other shape's rows (the shape itself unseen, as a
-held-out shape is), or is the analytic model (``--analytic``).
+held-out shape is), or is the analytic model (``--analytic``). With ``--library`` a candidate that is a knob setting of
+the shipped kernel library is never gated (``tune --library`` measures those without a
+compile, as the tune's gate does).
 
 A replay, not a tune: the candidates after a skipped one were proposed by a policy that had
 seen it. It estimates how many compiles the gate saves and how much of each shape's best it
 would have lost. CPU only:
 
-    python bench/gate_replay.py l2gen/data/measured_h200.db --slack 0.05 [--json out.json]
+    python bench/gate_replay.py l2gen/data/measured_h200.db --slack 0.05 [--library] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import json
 import math
 import statistics
 
+from l2gen.lower import build_program
 from l2gen.db import KernelDB
+from l2gen.printer import format_program
+from l2gen.search import library
 from l2gen.problem import program_key
 from l2gen.search.learned import LearnedModel, db_rows
 from l2gen.search.simulate import model_us
@@ -34,9 +39,12 @@ def main() -> int:
     ap.add_argument("--slack", type=float, default=0.05)
     ap.add_argument("--min-rows", type=int, default=12, help="shapes with fewer verified candidates are left out")
     ap.add_argument("--analytic", action="store_true", help="the analytic model, not one learned from the other shapes")
+    ap.add_argument("--library", action="store_true",
+                    help="knob settings of the shipped kernel library are measured without a compile: never gated")
     ap.add_argument("--json")
     args = ap.parse_args()
     gpu = GPUS[args.gpu]
+    built = {format_program(build_program(p)) for p in library.load(gpu)} if args.library else set()
     with KernelDB(args.db, readonly=True) as db:
         everything = db_rows([db], gpu, l2=args.l2)
         shapes = {s: [m for m in db.history(gpu, s, l2=args.l2) if m.status == "ok" and m.time_us] for s in db.shapes(gpu)}
@@ -55,30 +63,34 @@ def main() -> int:
             preds = [model_us(p, shape, gpu) for p in programs]
         else:
             preds = LearnedModel(gpu).fit([r for r in everything if r[1] != shape]).predict_us(programs, shape)
-        best_i, gated_best_i, skipped = None, None, 0
+        best_i, gated_best_i, skipped, compiles = None, None, 0, 0
         for i, m in enumerate(ordered):
             if best_i is None or m.time_us < ordered[best_i].time_us:
                 best_i = i
-            if gated_best_i is not None and preds[i] > preds[gated_best_i] * (1 + args.slack):
+            free = format_program(build_program(m.program)) in built
+            compiles += not free
+            if not free and gated_best_i is not None and preds[i] > preds[gated_best_i] * (1 + args.slack):
                 skipped += 1
                 continue
             if gated_best_i is None or m.time_us < ordered[gated_best_i].time_us:
                 gated_best_i = i
         best, gated = ordered[best_i].time_us, ordered[gated_best_i].time_us
-        out.append({"shape": str(shape), "rows": len(ordered), "skipped": skipped, "best_us": best, "gated_best_us": gated})
+        out.append({"shape": str(shape), "rows": len(ordered), "compiles": compiles, "skipped": skipped, "best_us": best, "gated_best_us": gated})
         print(f"{str(shape):>18} {len(ordered):>5} {skipped:>8} {best:8.2f} {gated:10.2f} {best / gated:6.3f}")
     if not out:
         print("no shape with enough rows")
         return 1
     rows = sum(o["rows"] for o in out)
     skipped = sum(o["skipped"] for o in out)
+    compiles = sum(o["compiles"] for o in out)
     kept = math.exp(statistics.fmean(math.log(o["best_us"] / o["gated_best_us"]) for o in out))
     worst = min(out, key=lambda o: o["best_us"] / o["gated_best_us"])
-    print(f"{len(out)} shapes, {rows} candidates: {skipped} skipped ({skipped / rows:.0%} of the compiles); "
+    print(f"{len(out)} shapes, {rows} candidates, {compiles} of them compiled ({rows - compiles} library settings): "
+          f"{skipped} skipped ({skipped / max(compiles, 1):.0%} of the compiles); "
           f"best kept at geomean {kept:.3f} of the ungated best, worst {worst['best_us'] / worst['gated_best_us']:.3f} ({worst['shape']})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"db": args.db, "gpu": gpu.name, "slack": args.slack, "analytic": args.analytic, "shapes": out}, f, indent=1)
+            json.dump({"db": args.db, "gpu": gpu.name, "slack": args.slack, "analytic": args.analytic, "library": args.library, "shapes": out}, f, indent=1)
     return 0
 
 
