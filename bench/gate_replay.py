@@ -31,6 +31,22 @@ from l2gen.search.simulate import model_us
 from l2gen.targets import GPUS
 
 
+def replay(times: list[float], preds: list[float], free: list[bool], slack: float) -> tuple[float, float, int, int]:
+    """One shape's candidates in measurement order: their measured and predicted µs, and
+    whether each is measured without a compile (never gated). A candidate that needs a
+    compile is skipped where its prediction is more than ``slack`` above the prediction for
+    the best measured before it. Returns (best µs, best µs of the gated run, candidates
+    skipped, candidates that needed a compile)."""
+    gated_best_i, skipped = None, 0
+    for i, t in enumerate(times):
+        if not free[i] and gated_best_i is not None and preds[i] > preds[gated_best_i] * (1 + slack):
+            skipped += 1
+            continue
+        if gated_best_i is None or t < times[gated_best_i]:
+            gated_best_i = i
+    return min(times), times[gated_best_i], skipped, len(free) - sum(free)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("db")
@@ -63,18 +79,8 @@ def main() -> int:
             preds = [model_us(p, shape, gpu) for p in programs]
         else:
             preds = LearnedModel(gpu).fit([r for r in everything if r[1] != shape]).predict_us(programs, shape)
-        best_i, gated_best_i, skipped, compiles = None, None, 0, 0
-        for i, m in enumerate(ordered):
-            if best_i is None or m.time_us < ordered[best_i].time_us:
-                best_i = i
-            free = format_program(build_program(m.program)) in built
-            compiles += not free
-            if not free and gated_best_i is not None and preds[i] > preds[gated_best_i] * (1 + args.slack):
-                skipped += 1
-                continue
-            if gated_best_i is None or m.time_us < ordered[gated_best_i].time_us:
-                gated_best_i = i
-        best, gated = ordered[best_i].time_us, ordered[gated_best_i].time_us
+        free = [format_program(build_program(m.program)) in built for m in ordered]
+        best, gated, skipped, compiles = replay([m.time_us for m in ordered], preds, free, args.slack)
         out.append({"shape": str(shape), "rows": len(ordered), "compiles": compiles, "skipped": skipped, "best_us": best, "gated_best_us": gated})
         print(f"{str(shape):>18} {len(ordered):>5} {skipped:>8} {best:8.2f} {gated:10.2f} {best / gated:6.3f}")
     if not out:
