@@ -21,11 +21,10 @@ import json
 import math
 import statistics
 
-from l2gen.lower import build_program
 from l2gen.db import KernelDB
-from l2gen.printer import format_program
-from l2gen.search import library
+from l2gen.lower import build_key
 from l2gen.problem import program_key
+from l2gen.search import library
 from l2gen.search.learned import LearnedModel, db_rows
 from l2gen.search.simulate import model_us
 from l2gen.targets import GPUS
@@ -60,7 +59,7 @@ def main() -> int:
     ap.add_argument("--json")
     args = ap.parse_args()
     gpu = GPUS[args.gpu]
-    built = {format_program(build_program(p)) for p in library.load(gpu)} if args.library else set()
+    built = {build_key(p) for p in library.load(gpu)} if args.library else set()
     with KernelDB(args.db, readonly=True) as db:
         everything = db_rows([db], gpu, l2=args.l2)
         shapes = {s: [m for m in db.history(gpu, s, l2=args.l2) if m.status == "ok" and m.time_us] for s in db.shapes(gpu)}
@@ -79,7 +78,7 @@ def main() -> int:
             preds = [model_us(p, shape, gpu) for p in programs]
         else:
             preds = LearnedModel(gpu).fit([r for r in everything if r[1] != shape]).predict_us(programs, shape)
-        free = [format_program(build_program(m.program)) in built for m in ordered]
+        free = [build_key(m.program) in built for m in ordered]
         best, gated, skipped, compiles = replay([m.time_us for m in ordered], preds, free, args.slack)
         out.append({"shape": str(shape), "rows": len(ordered), "compiles": compiles, "skipped": skipped, "best_us": best, "gated_best_us": gated})
         print(f"{str(shape):>18} {len(ordered):>5} {skipped:>8} {best:8.2f} {gated:10.2f} {best / gated:6.3f}")

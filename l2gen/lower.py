@@ -99,6 +99,12 @@ def build_program(program: Program) -> Program:
     return replace(base, name=default_name(base.family, base.config))
 
 
+def build_key(program: Program) -> str:
+    """The text of :func:`build_program`: one string per compile-time configuration, the
+    same for every knob setting of it."""
+    return format_program(build_program(program))
+
+
 def entry_name(program: Program, gpu: Gpu) -> str:
     """A symbol unique to the program's canonical text and target."""
     digest = hashlib.sha256(f"{gpu.name}\n{format_program(program)}".encode()).hexdigest()

@@ -168,8 +168,7 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
     compare, is a ``run_error``.
     """
     from ..baselines import BASELINES, cublas_best
-    from ..lower import build_program
-    from ..printer import format_program
+    from ..lower import build_key
     from ..tasks import Candidate
 
     settings = Settings(tuple(baselines if baselines is not None else BASELINES), b_layout, Timing("events", l2),
@@ -185,7 +184,7 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
 
     def run(shape: Shape, candidates: list) -> list[dict]:
         names = candidate_names([program for _, _, program, _ in candidates])
-        wire = [Candidate(name, str(library), entry, format_program(build_program(program)), knobs)
+        wire = [Candidate(name, str(library), entry, build_key(program), knobs)
                 for name, (library, entry, program, knobs) in zip(names, candidates)]
         task, timeout = settings.task(shape, wire, gpu)
         with gpu_lock:

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ..check import check
 from ..diagnostics import Diagnostic, DiagnosticError
 from ..ir import BLayout, Knobs, Program, Span
-from ..lower import build_program
+from ..lower import build_key
 from ..parse import parse_file
 from ..printer import format_program
 from ..problem import Shape, program_key
@@ -63,7 +63,7 @@ def load(gpu: Gpu, folder: str | Path | None = None) -> list[Program]:
         if errors:
             problems.extend(errors)
             continue
-        key = format_program(build_program(program))
+        key = build_key(program)
         if key not in seen:
             seen.add(key)
             programs.append(replace(program, knobs=Knobs()))

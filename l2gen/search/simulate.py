@@ -31,7 +31,7 @@ from ..ir import (
     SplitK,
     Tile,
 )
-from ..lower import build_program
+from ..lower import build_key
 from ..printer import format_program
 from ..problem import Measurement, Shape
 from ..protocol import DEFAULT_L2
@@ -364,7 +364,7 @@ class SimulatedEvaluator:
     def measure(self, shape: Shape, program: Program) -> Measurement:
         """One candidate, without the checker (callers check first)."""
         text = format_program(program)
-        build_text = format_program(build_program(program))
+        build_text = build_key(program)
         if _unit("build", self.salt, self.gpu.name, build_text) < self.build_fail:
             return Measurement(shape, program, "build_error", error="simulated: nvcc failed (deterministic for this configuration)", l2=self.l2)
         u = _unit("run", self.salt, text, shape)
