@@ -122,7 +122,7 @@ class Hints(enum.Enum):
     """L2 cache policies of the operand loads (sm90a l2gen)."""
 
     NONE = "none"  # the default policy for both
-    STREAM = "stream"  # B evict-first, 128-byte L2 fills (read once); A evict-last (re-read by every tile column)
+    STREAM = "stream"  # B evict-first, 128-byte L2 fills (read once); A no policy (its shared loads stay mergeable)
 
 
 class Scheduler(enum.Enum):
