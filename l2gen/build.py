@@ -61,7 +61,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from .lower import FATBIN, HEADER_DIR
+from .lower import FATBIN
 from .toolchain import Toolchain, ToolchainError, cutlass_include_dirs, detect_toolchain, find_nvcc
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def nvcc_command(
 
 def _nvcc_commands(nvcc, include_dirs, source, cu=CU, library=LIBRARY, host=HOST) -> list[list[str]]:
     """The nvcc runs that build a source: one, or two for a source with host code."""
-    includes = [f"-I{d}" for d in (*include_dirs, HEADER_DIR)]
+    includes = [f"-I{d}" for d in include_dirs]
     if not source.host_code:
         return [[str(nvcc), *source.flags, source.gencode, *includes, str(cu), "-o", str(library)]]
     return [

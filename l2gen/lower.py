@@ -7,7 +7,6 @@ variable the template uses but lowering forgot is an error, not an empty string.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -35,11 +34,6 @@ TEMPLATE_OF = {
     Family.SM90_L2GEN: ("sm90_l2gen_gemm.cu.j2", None),
 }
 FATBIN = "kernel.fatbin"  # where the build writes a two-unit source's device code
-
-# l2gen's own device headers, on every build's include path and named ``"l2gen/..."`` in a
-# source: a source's key covers the text of each one it includes (:func:`own_headers`).
-HEADER_DIR = TEMPLATE_DIR / "include"
-_OWN_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"(l2gen/[^"]+)"', re.MULTILINE)
 
 # Flags every build gets. -DNDEBUG matters on sm90: CUTLASS's asserts make ptxas serialize
 # the wgmma pipeline (warning C7510) and slow the kernel down.
@@ -76,26 +70,12 @@ class KernelSource:
 
     @property
     def key(self) -> str:
-        """Content hash of the source, flags and the l2gen headers the source includes (the
-        build cache adds the toolchain)."""
+        """Content hash of the source and flags (the build cache adds the toolchain)."""
         h = hashlib.sha256()
-        headers = own_headers(self.code) + own_headers(self.host_code)
-        for part in (self.code, self.gencode, *self.flags, self.host_code, *headers):
+        for part in (self.code, self.gencode, *self.flags, self.host_code):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
-
-
-def own_headers(code: str) -> tuple[str, ...]:
-    """The text of each l2gen header (in HEADER_DIR) that ``code`` includes, in order. A
-    header that is missing raises FileNotFoundError, naming it."""
-    texts = []
-    for name in _OWN_INCLUDE.findall(code):
-        path = HEADER_DIR / name
-        if not path.is_file():
-            raise FileNotFoundError(f"{name}: no such l2gen header in {HEADER_DIR}")
-        texts.append(f"{name}\n{path.read_text()}")
-    return tuple(texts)
 
 
 @lru_cache(maxsize=1)

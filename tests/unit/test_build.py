@@ -26,7 +26,7 @@ from l2gen.build import (
     split_includes,
 )
 from l2gen.ir import BLayout, Family, Program, Sm80Config, Tile
-from l2gen.lower import BASE_FLAGS, HEADER_DIR, KernelSource
+from l2gen.lower import BASE_FLAGS, KernelSource
 from l2gen.toolchain import ToolchainError, detect_toolchain
 
 # Stands in for nvcc: reports a version, logs each compile, and acts on markers in the
@@ -234,7 +234,7 @@ def test_build_then_cache_hit(env):
     assert {"command", "seconds", "date", "cutlass_version"} <= meta.keys()
     assert first.command.startswith(f"cd {entry} && ")
     assert first.command.endswith(f"{SM80} -I{toolchain.cutlass_include_dirs()[0]} "
-                                  f"-I{toolchain.cutlass_include_dirs()[1]} -I{HEADER_DIR} kernel.cu -o lib.so")
+                                  f"-I{toolchain.cutlass_include_dirs()[1]} kernel.cu -o lib.so")
     second = build(src)
     assert second.ok and second.cached and second.library == first.library
     assert second.command == first.command
@@ -576,37 +576,3 @@ def test_sm90a_sources_include_only_the_hopper_pieces_of_the_mainloop_builder():
     assert '#include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"' in code
     assert '#include "cutlass/gemm/collective/collective_builder.hpp"' not in code
     assert "gemm_universal_adapter.h" not in code and "GemmUniversalAdapter<" not in code
-
-
-def test_the_key_covers_the_l2gen_headers_a_source_includes(env, tmp_path, monkeypatch):
-    """A header of l2gen's own (templates/include) is part of a source's key where the source
-    includes it, so editing it rebuilds those libraries and no others."""
-    from l2gen import lower as lower_mod
-
-    tc = detect_toolchain()
-    (tmp_path / "h" / "l2gen").mkdir(parents=True)
-    header = tmp_path / "h" / "l2gen" / "x.cuh"
-    header.write_text("#pragma once\n")
-    monkeypatch.setattr(lower_mod, "HEADER_DIR", tmp_path / "h")
-    including = KernelSource(**{**source().__dict__, "code": '#include "l2gen/x.cuh"\n' + source().code})
-    plain = source()
-    before = cache_key(including, tc), cache_key(plain, tc)
-    header.write_text("#pragma once\nint l2gen_changed;\n")
-    assert cache_key(including, tc) != before[0] and cache_key(plain, tc) == before[1]
-    header.unlink()
-    with pytest.raises(FileNotFoundError, match="l2gen/x.cuh"):
-        cache_key(including, tc)
-
-
-def test_the_sm90a_cutlass_family_takes_cutes_tma_loads():
-    """Its sources include l2gen's TMA-load header, which is on every build's include path
-    (tests/nvcc/test_cutlass_tma_loads.py checks the machine code)."""
-    from l2gen.lower import lower, own_headers
-    from l2gen.parse import parse
-    from l2gen.targets import GPUS
-
-    source = lower(parse("kernel k {\n arch sm90a\n tile 128 x 128 x 64\n}\n"), GPUS["h200"])
-    assert '#include "l2gen/cutlass_tma_loads.cuh"' in source.code
-    assert [t.splitlines()[0] for t in own_headers(source.code)] == ["l2gen/cutlass_tma_loads.cuh"]
-    assert (HEADER_DIR / "l2gen" / "cutlass_tma_loads.cuh").is_file()
-    assert f"-I{HEADER_DIR}" in build_mod.nvcc_command(source, "k.cu", "lib.so")
