@@ -7,15 +7,16 @@ them into its cache instead of compiling again (bench/device.sh does, from
 .device-in/libs.tar.xz).
 
     python3 bench/pack_libs.py DB OUT.tar.xz
+
+(``l2gen build --db DB --pack OUT.tar.xz`` does the same, building what is missing.)
 """
 
 from __future__ import annotations
 
 import sys
-import tarfile
 from pathlib import Path
 
-from l2gen.build import cache_dir, cache_entry
+from l2gen.build import cache_entry, pack
 from l2gen.db import KernelDB
 from l2gen.runner import source
 from l2gen.targets import get_gpu
@@ -24,23 +25,16 @@ from l2gen.targets import get_gpu
 def main(db_path: str, out: str) -> int:
     db = KernelDB(db_path, readonly=True)
     gpu = get_gpu(db.gpu or "h200")  # the GPU the database was recorded on
-    root = cache_dir()
-    entries: set[Path] = set()
-    missing = 0
+    libraries, missing = [], 0
     for program, _speedup, _time_us in db.best_all(gpu).values():
         entry = cache_entry(source(program, gpu))
         if entry is None:
             missing += 1
-            continue
-        entries.add(entry)
-        library = entry / "lib.so"
-        if library.is_symlink():  # a bundle member: take the bundle's entry too
-            entries.add(library.resolve().parent)
-    with tarfile.open(out, "w:xz") as tar:
-        for entry in sorted(entries):
-            tar.add(entry, arcname=str(entry.relative_to(root)))
+        else:
+            libraries.append(entry / "lib.so")
+    count = pack(libraries, out)
     size = Path(out).stat().st_size
-    print(f"packed {len(entries)} cache entries ({size / 2**20:.1f} MiB) into {out}; {missing} program(s) had no built library")
+    print(f"packed {count} cache entries ({size / 2**20:.1f} MiB) into {out}; {missing} program(s) had no built library")
     return 0
 
 

@@ -51,6 +51,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tarfile
 import tempfile
 import threading
 import time
@@ -563,6 +564,39 @@ def _first_errors(output: str) -> str:
 
 
 # ---- cache entries ------------------------------------------------------------------------
+
+
+def pack(libraries: Iterable[Path | str], out: Path | str) -> int:
+    """Write the cache entries holding ``libraries`` into the tar.xz ``out``, named relative
+    to the cache root, and return how many. A bundle member's library links to its bundle's
+    entry, which goes in too. Unpacked into another machine's cache
+    (``tar xJf OUT -C $L2GEN_CACHE_DIR``), those builds are cache hits there wherever the
+    toolchain is the same (nvcc and CUTLASS versions are part of the key): build on a
+    machine without a GPU, run on one. ``out`` is written whole or not at all. Raises
+    ValueError for a library outside the cache."""
+    root = cache_dir()
+    entries: set[Path] = set()
+    for library in libraries:
+        library = Path(os.path.normpath(Path(library).absolute()))
+        linked = library  # a bundle member's lib.so: a relative link to its bundle's
+        if library.is_symlink():
+            linked = Path(os.path.normpath(library.parent / os.readlink(library)))
+        for entry in {library.parent, linked.parent}:
+            if not entry.is_relative_to(root) or entry.parent.parent != root:
+                raise ValueError(f"{library} is not a library of the build cache {root}")
+            entries.add(entry)
+    out = Path(out)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    os.close(fd)
+    try:
+        with tarfile.open(tmp, "w:xz") as tar:
+            for entry in sorted(entries):
+                tar.add(entry, arcname=str(entry.relative_to(root)))
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(entries)
 
 
 def _rank(entry: Path) -> int:

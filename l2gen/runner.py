@@ -81,13 +81,17 @@ class Builder:
     (or failed to build) by source key, so a later batch rebuilds nothing it has seen.
 
     ``bundle`` > 1 compiles that many new programs to an nvcc run
-    (:func:`l2gen.build.build_bundle`). ``build_many`` and ``lower`` stand in for
+    (:func:`l2gen.build.build_bundle`). ``flags``: nvcc flags added to every source (such
+    as ``-DMACRO=1``, a macro a template reads; part of each library's key). ``build_many``
+    and ``lower`` stand in for
     :func:`l2gen.build.build_many` and :func:`l2gen.lower.lower` (tests); by default they
     are looked up when used."""
 
     def __init__(self, gpu: Gpu, *, jobs: int | None = None, timeout: float = 600, force: bool = False,
-                 bundle: int = 1, build_many: Callable | None = None, lower: Callable | None = None):
+                 bundle: int = 1, flags: Sequence[str] = (), build_many: Callable | None = None,
+                 lower: Callable | None = None):
         self.gpu, self.jobs, self.timeout, self.force, self.bundle = gpu, jobs, timeout, force, bundle
+        self.flags = tuple(flags)
         self._build_many, self._lower = build_many, lower
         self._results: dict[str, object] = {}  # source key -> BuildResult (or a failure)
         self.requested = 0  # sources handed to the compiler (for tests and logs)
@@ -108,6 +112,8 @@ class Builder:
                 continue
             try:
                 sources[i] = source(program, self.gpu, lower=self._lower)
+                if self.flags:
+                    sources[i] = replace(sources[i], flags=(*sources[i].flags, *self.flags))
             except DiagnosticError as exc:
                 out[i] = Build(program, verdict=Status.REJECTED.value, error=str(exc))
             except Exception as exc:  # a checker/template disagreement: a bug, but data here

@@ -7,6 +7,7 @@ comes from; no command ends in a Python traceback on bad input.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best
 from ..diagnostics import DiagnosticError, UsageError
 from ..ir import Program
 from ..targets import DEFAULT_GPU, GPUS, Gpu, get_gpu
-from ..validate import at_least, output_dir, positive_float, write_atomic
+from ..validate import at_least, output_dir, output_file, positive_float, write_atomic
 
 def _load(paths: list[str], gpu: Gpu, *, check_too: bool = True) -> tuple[list[tuple[str, Program]], bool]:
     """Parse (and check) files; print diagnostics; return the good programs and an ok flag."""
@@ -155,19 +156,41 @@ def cmd_build(args) -> int:
         failed = sum(not b.ok for b in builds)
         return f"built {len(builds) - failed} of {len(builds)}" + (f", {failed} FAILED" if failed else ""), not failed
 
-    builder = Builder(args.gpu, jobs=args.jobs, timeout=args.timeout, force=args.force)
-    with reporter() as report:
-        builds = builder.build([p for _, p in programs], report=report, line=line, summary=summary)
-    for (path, _), built in zip(programs, builds):
-        if built.ok:
-            print(f"{path}: {built.result.library}")
-        else:
-            ok = False
-            eprint(f"{path}: build failed: {built.result.error if built.result else built.error}")
-            if built.result is not None:
-                eprint(built.result.log[-3000:])
-                eprint(f"reproduce with:\n  {built.result.command}")
+    pack_to = output_file(args.pack, "--pack") if args.pack else None
+    # Each program as written, then once per --define (A=1+B=1: both macros at once).
+    variants = [()] + [tuple(f"-D{macro}" for macro in d.split("+")) for d in args.define]
+    libraries = []
+    for flags in variants:
+        builder = Builder(args.gpu, jobs=args.jobs, timeout=args.timeout, force=args.force, flags=flags)
+        with reporter() as report:
+            builds = builder.build([p for _, p in programs], report=report, line=line, summary=summary)
+        label = "".join(f" {f}" for f in flags)
+        for (path, _), built in zip(programs, builds):
+            if built.ok:
+                print(f"{path}{label}: {built.result.library}")
+                libraries.append(built.result.library)
+            else:
+                ok = False
+                eprint(f"{path}{label}: build failed: {built.result.error if built.result else built.error}")
+                if built.result is not None:
+                    eprint(built.result.log[-3000:])
+                    eprint(f"reproduce with:\n  {built.result.command}")
+    if pack_to is not None:
+        from ..build import pack
+
+        pack_to.parent.mkdir(parents=True, exist_ok=True)
+        count = pack(libraries, pack_to)
+        eprint(f"packed {count} cache entries ({pack_to.stat().st_size / 2**20:.1f} MiB) into {pack_to}; "
+               f"unpack with: tar xJf {pack_to} -C \"$L2GEN_CACHE_DIR\"")
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def _define(text: str) -> str:
+    """MACRO or MACRO=VALUE, several joined by '+' (argparse type of --define)."""
+    for part in text.split("+"):
+        if not re.fullmatch(r"[A-Za-z_]\w*(=[^\s+]*)?", part):
+            raise argparse.ArgumentTypeError(f"not MACRO[=VALUE]: {part[:60]!r}")
+    return text
 
 
 def _gpu(name: str) -> Gpu:
@@ -210,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=at_least(1), default=None, help="parallel nvcc jobs (default: cores)")
     p.add_argument("--timeout", type=positive_float, default=900, help="seconds per nvcc run")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument("--define", action="append", default=[], type=_define, metavar="MACRO[=VALUE]",
+                   help="also build each program with -DMACRO[=VALUE] (repeatable; A=1+B=1 defines both), "
+                        "the macros bench/probe.py --define times")
+    p.add_argument("--pack", metavar="FILE.tar.xz",
+                   help="write every library built (or found in the cache) into this archive, to unpack into "
+                        "the cache of a machine with the same nvcc and CUTLASS: build here, run there")
     p.set_defaults(func=cmd_build)
 
     _add_late_commands(sub)

@@ -23,6 +23,7 @@ from l2gen.build import (
     bundle_code,
     cache_dir,
     cache_key,
+    pack,
     split_includes,
 )
 from l2gen.ir import BLayout, Family, Program, Sm80Config, Tile
@@ -576,3 +577,51 @@ def test_sm90a_sources_include_only_the_hopper_pieces_of_the_mainloop_builder():
     assert '#include "cutlass/gemm/collective/builders/sm90_gmma_builder.inl"' in code
     assert '#include "cutlass/gemm/collective/collective_builder.hpp"' not in code
     assert "gemm_universal_adapter.h" not in code and "GemmUniversalAdapter<" not in code
+
+
+def test_pack_carries_builds_to_another_cache(env, tmp_path, monkeypatch):
+    """A packed library unpacked into another machine's cache is a cache hit there: a lone
+    build's entry, and a bundle member's with the bundle entry its library links to."""
+    import tarfile
+
+    a, b, c = source(entry="l2gen_a"), source(entry="l2gen_b"), source(entry="l2gen_c")
+    build_bundle([a, b])
+    member, lone = build(b), build(c)
+    assert member.library.is_symlink() and calls(env) == 2
+    out = tmp_path / "libs.tar.xz"
+    assert pack([member.library, lone.library, lone.library], out) == 3  # b's, the bundle's, c's
+    other = tmp_path / "other"
+    other.mkdir()
+    with tarfile.open(out) as tar:
+        tar.extractall(other, filter="data")
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(other))
+    for s in (b, c):
+        again = build(s)
+        assert again.ok and again.cached and again.library.read_text() == (member if s is b else lone).library.read_text()
+    assert calls(env) == 2
+    with pytest.raises(ValueError, match="not a library of the build cache"):
+        pack([tmp_path / "elsewhere" / "lib.so"], tmp_path / "x.tar.xz")
+    assert not (tmp_path / "x.tar.xz").exists()
+
+
+def test_l2gen_build_defines_macros_and_packs(env, tmp_path, capsys):
+    """``l2gen build --define M=1 --pack FILE``: each program also built with -DM=1 (another
+    library), every library in the archive; a bad macro is a usage error."""
+    import tarfile
+
+    from l2gen.cli import main
+
+    path = tmp_path / "k.l2"
+    path.write_text("kernel k {\n arch sm90a\n impl l2gen\n tile 128 x 64 x 64\n}\n")
+    out = tmp_path / "packs" / "libs.tar.xz"
+    assert main(["build", str(path), "--define", "L2GEN_X=1+L2GEN_Y", "--pack", str(out)]) == 0
+    printed = capsys.readouterr()
+    libraries = [line.rsplit(": ", 1)[1] for line in printed.out.splitlines()]
+    assert len(set(libraries)) == 2 and " -DL2GEN_X=1 -DL2GEN_Y: " in printed.out
+    assert "-DL2GEN_X=1" in Path(libraries[1]).parent.joinpath("build.json").read_text()
+    assert "packed 2 cache entries" in printed.err
+    with tarfile.open(out) as tar:
+        names = {n.split("/")[1] for n in tar.getnames() if n.count("/") >= 1}
+    assert names == {Path(lib).parent.name for lib in libraries}
+    assert main(["build", str(path), "--define", "2X"]) == 2
+    assert "not MACRO[=VALUE]" in capsys.readouterr().err
