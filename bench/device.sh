@@ -75,8 +75,9 @@
 #                  alongside, e.g. bench/build-baseline-3fbf34e.json (then BUILDTIME_JOBS=16
 #                  fits in one call)
 #
-# Carry `.whl` (lark, nvidia-cutlass wheels), `.l2cache` (libraries built elsewhere) and
-# `.device-in` (inputs from an earlier call: libs.tar.xz, *.db).
+# Carry `.whl` (lark, nvidia-cutlass and test wheels: bash bench/fetch_wheels.sh), `.l2cache`
+# (libraries built elsewhere) and `.device-in` (inputs from an earlier call, or made here:
+# libs.tar.xz from `l2gen build FILES --pack .device-in/libs.tar.xz`, *.db).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
