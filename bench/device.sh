@@ -39,7 +39,8 @@
 #                  the kernel library shipped for the GPU, on its own
 #   shipdb         merge the tuned databases (and the databases in $SHIP_FROM, the bench
 #                  results files in $SHIP_BENCH) into $RESULTS/kernels_h200.db
-#   dbtop          bench each shape's TOP (3) best programs of $TOP_DB afresh (results named
+#   dbtop          bench each shape's TOP (3) best programs of $TOP_DB afresh (TOP_SUITE: only
+#                  the shapes of that suite; results named
 #                  $DBTOP_NAME, default dbtop)
 #   dbbench        bench each shape's best program of $DB (default the shipped one) in a
 #                  fresh process; compare it with the database's records (refused, exit 2,
@@ -230,7 +231,7 @@ for step in "$@"; do
       # afresh: bench rows that shipdb can import (SHIP_BENCH) to rebuild a database
       name=${DBTOP_NAME:-dbtop}
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "${TOP_DB:-l2gen/data/kernels_h200.db}" --top "${TOP:-3}" \
-        --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" -o "$RESULTS/$name.json" \
+        ${TOP_SUITE:+--suite "$TOP_SUITE"} --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" -o "$RESULTS/$name.json" \
         2> "$RESULTS/$name.log" > "$RESULTS/$name.txt" || status=1
       tail -28 "$RESULTS/$name.txt"
       ;;
