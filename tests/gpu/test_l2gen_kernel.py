@@ -6,11 +6,15 @@ and stream-K, the workspace left zeroed across 1,000 calls that change shape, sp
 and decomposition.
 
 Each program is lowered, built (cached), loaded in this process and verified against an
-fp64 reference with NaN-poisoned outputs.
+fp64 reference with NaN-poisoned outputs. ``L2GEN_TEST_DEFINES="MACRO=1 ..."`` builds every
+program with those template macros (a knob measured before it becomes the default, such as
+``L2GEN_PRODUCER_TAIL=1``), so that all of these tests run on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
 
 import numpy as np
@@ -77,7 +81,10 @@ def libs():
     from l2gen.targets import GPUS
 
     programs = {name: _program(name) for name in PROGRAMS}
-    results = build_many([lower(p, GPUS["h200"]) for p in programs.values()])
+    defines = tuple(f"-D{macro}" for macro in os.environ.get("L2GEN_TEST_DEFINES", "").split())
+    sources = [lower(p, GPUS["h200"]) for p in programs.values()]
+    sources = [dataclasses.replace(s, flags=(*s.flags, *defines)) for s in sources]
+    results = build_many(sources)
     failed = [f"{r.source.program.name}: {r.error}" for r in results if not r.ok]
     assert not failed, failed
     return {name: (programs[name], Library.load(r.library, r.source.entry)) for name, r in zip(programs, results)}
