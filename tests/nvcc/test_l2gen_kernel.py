@@ -202,3 +202,21 @@ def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
     assert not extra & exports(results[0].library)
     plain_code, traced_code = (sass(r.library) for r in results)
     assert "GLOBALTIMER" not in plain_code and "GLOBALTIMER" in traced_code
+
+
+def test_the_producer_tail_leaves_only_the_set_up_cluster_barrier(built, tmp_path, monkeypatch):
+    """-DL2GEN_PRODUCER_TAIL=1 (a knob to measure): a multicast kernel, one-unit and
+    persistent, keeps the cluster barrier of its set-up (barriers initialized before any CTA
+    multicasts) and drops those after the mainloop, where its loading thread waits for each
+    stage's last release instead. The default build keeps them."""
+    import dataclasses
+
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
+    plain = lower(program("swap_kn_multicast"), H200)
+    tail = build_many([dataclasses.replace(plain, flags=(*plain.flags, "-DL2GEN_PRODUCER_TAIL=1"))], timeout=900)[0]
+    assert tail.ok, tail.error
+    default = built["swap_kn_multicast"]
+    for library, fewest in ((default.library, 3), (tail.library, 1)):
+        found = {name: len(re.findall(r"\bUCGABAR_ARV\b", code)) for name, code in kernels(library).items()}
+        assert len(found) == 2, found  # the one-unit kernel and the persistent one
+        assert all(n == fewest for n in found.values()), (library, found)
