@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import dataclasses
 import statistics
 import sys
 
@@ -28,6 +27,7 @@ import torch
 
 from l2gen.build import build_many
 from l2gen.ir import Decomposition, Knobs
+from l2gen.lower import define_flags
 from l2gen.parse import parse, parse_file
 from l2gen.runtime import Library
 from l2gen.runner import source
@@ -56,9 +56,9 @@ def main() -> int:
     programs = [parse_file(p) for p in args.programs]
     # Each program as written, then once per --define (A=1+B=1: both macros): (label, program, extra nvcc flags).
     variants = [(p.name, p, ()) for p in programs]
-    variants += [(f"{p.name} -D{d}", p, tuple(f"-D{m}" for m in d.split("+"))) for d in args.define for p in programs]
+    variants += [(f"{p.name} -D{d}", p, define_flags(d)) for d in args.define for p in programs]
     sources = [source(p, GPUS["h200"]) for _, p, _ in variants]
-    sources = [dataclasses.replace(s, flags=(*s.flags, *flags)) for s, (_, _, flags) in zip(sources, variants)]
+    sources = [s.with_flags(*flags) for s, (_, _, flags) in zip(sources, variants)]
     results = build_many(sources)
     for r in results:
         if not r.ok:

@@ -31,6 +31,7 @@ import torch
 
 from l2gen.build import build_many
 from l2gen.ir import Family
+from l2gen.lower import define_flags
 from l2gen.runner import source as build_source
 from l2gen.parse import parse_file
 from l2gen.runtime import Library
@@ -52,7 +53,7 @@ MAX_BLOCKS = 4096  # kTraceBlocks in templates/sm90_l2gen_gemm.cu.j2
 def traced_library(program, flags: tuple[str, ...] = ()):
     """The program's source built with the trace points (and any extra -D flags)."""
     source = build_source(program, GPUS["h200"])
-    return dataclasses.replace(source, flags=(*source.flags, "-DL2GEN_TRACE", *flags))
+    return source.with_flags("-DL2GEN_TRACE", *flags)
 
 
 def blocks_of(raw, n: int) -> list[dict]:
@@ -99,7 +100,7 @@ def main() -> int:
             return 2
     # Each program as written, then once per --define (A=1+B=1: both macros): (program, label, flags).
     variants = [(p, p.name, ()) for p in programs]
-    variants += [(p, f"{p.name} -D{d}", tuple(f"-D{m}" for m in d.split("+"))) for d in args.define for p in programs]
+    variants += [(p, f"{p.name} -D{d}", define_flags(d)) for d in args.define for p in programs]
     results = build_many([traced_library(p, flags) for p, _, flags in variants])
     for r in results:
         if not r.ok:

@@ -582,7 +582,7 @@ def pack(libraries: Iterable[Path | str], out: Path | str) -> int:
         if library.is_symlink():
             linked = Path(os.path.normpath(library.parent / os.readlink(library)))
         for entry in {library.parent, linked.parent}:
-            if not entry.is_relative_to(root) or entry.parent.parent != root:
+            if entry.parent.parent != root:  # <root>/<key[:2]>/<key>
                 raise ValueError(f"{library} is not a library of the build cache {root}")
             entries.add(entry)
     out = Path(out)

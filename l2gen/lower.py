@@ -68,6 +68,11 @@ class KernelSource:
     # alone to the fatbin FATBIN, which this embeds; the two are built into the library.
     host_code: str = ""
 
+    def with_flags(self, *flags: str) -> "KernelSource":
+        """This source built with more nvcc flags (``-DMACRO=1``: a macro a template reads),
+        under another key."""
+        return replace(self, flags=(*self.flags, *flags)) if flags else self
+
     @property
     def key(self) -> str:
         """Content hash of the source and flags (the build cache adds the toolchain)."""
@@ -76,6 +81,12 @@ class KernelSource:
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
+
+
+def define_flags(spec: str) -> tuple[str, ...]:
+    """The nvcc flags of a ``--define`` argument: MACRO or MACRO=VALUE, several joined by
+    '+' (``A=1+B``: ``-DA=1 -DB``)."""
+    return tuple(f"-D{macro}" for macro in spec.split("+"))
 
 
 @lru_cache(maxsize=1)

@@ -112,8 +112,7 @@ class Builder:
                 continue
             try:
                 sources[i] = source(program, self.gpu, lower=self._lower)
-                if self.flags:
-                    sources[i] = replace(sources[i], flags=(*sources[i].flags, *self.flags))
+                sources[i] = sources[i].with_flags(*self.flags)
             except DiagnosticError as exc:
                 out[i] = Build(program, verdict=Status.REJECTED.value, error=str(exc))
             except Exception as exc:  # a checker/template disagreement: a bug, but data here

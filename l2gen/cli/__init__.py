@@ -127,6 +127,7 @@ def cmd_compile(args) -> int:
 def cmd_build(args) -> int:
     from ..check import check
     from ..console import reporter
+    from ..lower import define_flags
     from ..runner import Builder
 
     programs, ok = _load(args.files, args.gpu)
@@ -158,7 +159,7 @@ def cmd_build(args) -> int:
 
     pack_to = output_file(args.pack, "--pack") if args.pack else None
     # Each program as written, then once per --define (A=1+B=1: both macros at once).
-    variants = [()] + [tuple(f"-D{macro}" for macro in d.split("+")) for d in args.define]
+    variants = [()] + [define_flags(d) for d in args.define]
     libraries = []
     for flags in variants:
         builder = Builder(args.gpu, jobs=args.jobs, timeout=args.timeout, force=args.force, flags=flags)

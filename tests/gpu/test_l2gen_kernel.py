@@ -13,7 +13,6 @@ program with those template macros (a knob measured before it becomes the defaul
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 
@@ -82,9 +81,7 @@ def libs():
 
     programs = {name: _program(name) for name in PROGRAMS}
     defines = tuple(f"-D{macro}" for macro in os.environ.get("L2GEN_TEST_DEFINES", "").split())
-    sources = [lower(p, GPUS["h200"]) for p in programs.values()]
-    sources = [dataclasses.replace(s, flags=(*s.flags, *defines)) for s in sources]
-    results = build_many(sources)
+    results = build_many([lower(p, GPUS["h200"]).with_flags(*defines) for p in programs.values()])
     failed = [f"{r.source.program.name}: {r.error}" for r in results if not r.ok]
     assert not failed, failed
     return {name: (programs[name], Library.load(r.library, r.source.entry)) for name, r in zip(programs, results)}

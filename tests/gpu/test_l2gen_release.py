@@ -6,7 +6,6 @@ release that deadlocked could not take the other GPU tests' results with it."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 
@@ -35,7 +34,7 @@ def libs():
 
     programs = {n: parse(f"kernel {n} {{\n arch sm90a\n impl l2gen\n {body}\n}}") for n, (body, _) in PROGRAMS.items()}
     sources = [lower(p, GPUS["h200"]) for p in programs.values()]
-    results = build_many([dataclasses.replace(s, flags=(*s.flags, FLAG)) for s in sources])
+    results = build_many([s.with_flags(FLAG) for s in sources])
     failed = [f"{r.source.program.name}: {r.error}" for r in results if not r.ok]
     assert not failed, failed
     return {n: (programs[n], Library.load(r.library, r.source.entry)) for n, r in zip(programs, results)}

@@ -180,11 +180,9 @@ def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
     """bench/timeline.py's build (-DL2GEN_TRACE) exports the trace and marker entries and
     reads %globaltimer; the plain build of the same program exports neither and reads no
     timer, under another cache key."""
-    import dataclasses
-
     monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
     plain = lower(program("kn_cluster"), H200)
-    traced = dataclasses.replace(plain, flags=(*plain.flags, "-DL2GEN_TRACE"))
+    traced = plain.with_flags("-DL2GEN_TRACE")
     results = build_many([plain, traced], jobs=2, timeout=900)
     assert all(r.ok for r in results), [r.error for r in results]
     assert results[0].library != results[1].library
@@ -209,11 +207,9 @@ def test_the_producer_tail_leaves_only_the_set_up_cluster_barrier(built, tmp_pat
     persistent, keeps the cluster barrier of its set-up (barriers initialized before any CTA
     multicasts) and drops those after the mainloop, where its loading thread waits for each
     stage's last release instead. The default build keeps them."""
-    import dataclasses
-
     monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
     plain = lower(program("swap_kn_multicast"), H200)
-    tail = build_many([dataclasses.replace(plain, flags=(*plain.flags, "-DL2GEN_PRODUCER_TAIL=1"))], timeout=900)[0]
+    tail = build_many([plain.with_flags("-DL2GEN_PRODUCER_TAIL=1")], timeout=900)[0]
     assert tail.ok, tail.error
     default = built["swap_kn_multicast"]
     for library, fewest in ((default.library, 3), (tail.library, 1)):
