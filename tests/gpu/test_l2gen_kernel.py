@@ -8,7 +8,7 @@ and decomposition.
 Each program is lowered, built (cached), loaded in this process and verified against an
 fp64 reference with NaN-poisoned outputs. ``L2GEN_TEST_DEFINES="MACRO=1 ..."`` builds every
 program with those template macros (a knob measured before it becomes the default, such as
-``L2GEN_PRODUCER_TAIL=1``), so that all of these tests run on it.
+``L2GEN_HINT_ACT=1``), so that all of these tests run on it.
 """
 
 from __future__ import annotations
