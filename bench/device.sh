@@ -15,6 +15,8 @@
 #
 # Steps:
 #   info           GPU, driver, nvcc, torch
+#   clusters       how many thread block clusters of 1, 2, 4, 8 CTAs the GPU holds at once
+#                  (one and two 384-thread CTAs per SM); $RESULTS/clusters.txt
 #   sample         compile SAMPLE_COUNT random programs (SAMPLE_SEED, SAMPLE_BUNDLE)
 #   gputests       pytest $GPUTESTS (default tests/gpu; log $GPUTESTS_NAME.log, default gputests)
 #   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite, BENCH_REPS timed runs
@@ -128,6 +130,16 @@ for step in "$@"; do
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
       nvcc --version | tail -2
       python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name())"
+      ;;
+    clusters)
+      # how many thread block clusters of 1, 2, 4, 8 CTAs the GPU holds at once, at one and at
+      # two CTAs of 384 threads per SM: a one-wave launch of more clusters runs in two
+      python3 -c "
+from l2gen.probes import Probes, build_probes
+p = Probes(build_probes())
+for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTAs per SM (100 KB)')):
+    print('max active clusters,', per + ':', ', '.join(f'{c} CTAs: {p.max_active_clusters(c, 384, smem)}' for c in (1, 2, 4, 8)))
+" 2>&1 | tee "$RESULTS/clusters.txt" || status=1
       ;;
     sample)
       timeout "${SAMPLE_TIMEOUT:-550}" $L2GEN sample --count "${SAMPLE_COUNT:-200}" \

@@ -95,6 +95,8 @@ class Probes:
         d.l2gen_probe_flush_create.restype = _vp
         d.l2gen_probe_flush_destroy.argtypes, d.l2gen_probe_flush_destroy.restype = [_vp], None
         d.l2gen_probe_flush.argtypes, d.l2gen_probe_flush.restype = [_vp, _vp], _int
+        d.l2gen_probe_max_active_clusters.argtypes = [_int, _int, _int, ctypes.POINTER(_int)]
+        d.l2gen_probe_max_active_clusters.restype = _int
         d.l2gen_probe_error_string.argtypes = [_int]
         d.l2gen_probe_error_string.restype = ctypes.c_char_p
         # The flush as a C function pointer, for the cuBLAS shim's auto-tuner.
@@ -112,6 +114,16 @@ class Probes:
     def empty(self, stream: int) -> None:
         """Enqueue the empty kernel on ``stream``."""
         self._check(self._dll.l2gen_probe_empty(stream or None), "l2gen_probe_empty")
+
+    def max_active_clusters(self, cluster: int, threads: int, smem_bytes: int) -> int:
+        """How many clusters of ``cluster`` CTAs (``threads`` threads and ``smem_bytes`` of
+        dynamic shared memory each) the current device holds at once. A cluster's CTAs
+        share a GPC, so this may be fewer than the SMs divided by the cluster's CTAs: a
+        one-wave launch of more clusters than this runs in two."""
+        out = _int(0)
+        self._check(self._dll.l2gen_probe_max_active_clusters(cluster, threads, smem_bytes, ctypes.byref(out)),
+                    f"l2gen_probe_max_active_clusters({cluster}, {threads}, {smem_bytes})")
+        return out.value
 
     def flush_context(self, l2: str, buffer: int, nbytes: int, sink: int) -> int:
         ctx = self._dll.l2gen_probe_flush_create(PROTOCOL_CODES[check_l2(l2)], buffer or None, nbytes, sink or None)

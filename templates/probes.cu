@@ -51,6 +51,10 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const int4* __restrict__
 
 __global__ void empty_kernel() {}
 
+// An empty kernel of any block size and dynamic shared memory: what the cluster residency
+// query below asks the occupancy calculator about.
+__global__ void residency_kernel() {}
+
 int read_blocks(int* blocks) {
   int device = 0, sms = 0, per_sm = 0;
   cudaError_t e = cudaGetDevice(&device);
@@ -123,6 +127,32 @@ int l2gen_probe_flush(void* context, cudaStream_t stream) {
     default:
       return L2GEN_PROBE_BAD_ARGUMENT;
   }
+}
+
+// How many clusters of `cluster` CTAs, each of `threads` threads and `smem_bytes` of dynamic
+// shared memory, the current device holds at once (cudaOccupancyMaxActiveClusters): a
+// cluster's CTAs share a GPC, so on a chip whose GPCs hold different numbers of SMs this
+// can be fewer than (SMs / CTAs per cluster) even where every SM holds a CTA.
+int l2gen_probe_max_active_clusters(int cluster, int threads, int smem_bytes, int* clusters) {
+  if (cluster < 1 || threads < 1 || smem_bytes < 0 || !clusters) return L2GEN_PROBE_BAD_ARGUMENT;
+  cudaError_t e = cudaFuncSetAttribute(residency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       smem_bytes);
+  if (e == cudaSuccess && cluster > 8)
+    e = cudaFuncSetAttribute(residency_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e != cudaSuccess) return -static_cast<int>(e);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  *clusters = 0;
+  return -static_cast<int>(cudaOccupancyMaxActiveClusters(clusters, residency_kernel, &cfg));
 }
 
 const char* l2gen_probe_error_string(int code) {

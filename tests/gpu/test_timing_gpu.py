@@ -71,6 +71,21 @@ def test_the_launch_floor_is_a_few_microseconds(device):
     assert 1.0 <= floor <= 10.0, floor
 
 
+def test_cluster_residency_is_at_most_the_sms_and_shrinks_with_the_cluster(device):
+    """One CTA per SM (384 threads, 200 KB each): no more clusters of c CTAs than SMs / c,
+    and at least one; two CTAs per SM hold at least as many."""
+    from l2gen import runtime
+
+    probes = device[0]
+    if runtime.device_info(0).sm < 90:
+        pytest.skip("thread block clusters need sm_90")
+    sms = runtime.device_info(0).sms
+    held = {c: probes.max_active_clusters(c, 384, 200 * 1024) for c in (1, 2, 4, 8)}
+    assert held[1] == sms, held
+    assert all(1 <= held[c] <= sms // c for c in held), held
+    assert all(probes.max_active_clusters(c, 384, 100 * 1024) >= held[c] for c in held)
+
+
 def test_a_runner_that_cannot_be_captured_fails_alone_and_the_stream_goes_on(device):
     from l2gen import runtime
     from l2gen.modes import time_graph
