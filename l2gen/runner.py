@@ -111,8 +111,7 @@ class Builder:
                 out[i] = Build(program, verdict=Status.REJECTED.value, error="\n".join(str(d) for d in problems))
                 continue
             try:
-                sources[i] = source(program, self.gpu, lower=self._lower)
-                sources[i] = sources[i].with_flags(*self.flags)
+                sources[i] = source(program, self.gpu, lower=self._lower).with_flags(*self.flags)
             except DiagnosticError as exc:
                 out[i] = Build(program, verdict=Status.REJECTED.value, error=str(exc))
             except Exception as exc:  # a checker/template disagreement: a bug, but data here

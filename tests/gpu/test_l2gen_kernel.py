@@ -75,12 +75,12 @@ def _program(name):
 @pytest.fixture(scope="module")
 def libs():
     from l2gen.build import build_many
-    from l2gen.lower import lower
+    from l2gen.lower import define_flags, lower
     from l2gen.runtime import Library
     from l2gen.targets import GPUS
 
     programs = {name: _program(name) for name in PROGRAMS}
-    defines = tuple(f"-D{macro}" for macro in os.environ.get("L2GEN_TEST_DEFINES", "").split())
+    defines = tuple(f for spec in os.environ.get("L2GEN_TEST_DEFINES", "").split() for f in define_flags(spec))
     results = build_many([lower(p, GPUS["h200"]).with_flags(*defines) for p in programs.values()])
     failed = [f"{r.source.program.name}: {r.error}" for r in results if not r.ok]
     assert not failed, failed

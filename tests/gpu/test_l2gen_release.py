@@ -6,7 +6,6 @@ release that deadlocked could not take the other GPU tests' results with it."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from l2gen.runtime import device_count
