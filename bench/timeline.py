@@ -8,8 +8,11 @@ its stores. Each launch runs after a read pass over 256 MiB (L2 cold and clean, 
 ``l2gen bench`` times it), on fresh inputs, verified once, between two one-thread kernels
 that stamp %globaltimer: ``life`` is the time between them, the GEMM's whole time on the
 device (launch and drain included; the same markers around torch.matmul give its
-``life`` on the first line). Printed per program and split count: life, the span (first
-block entry to last store) and, over blocks, the median and maximum of each phase, in
+``life`` on the first line, and around empty grids launched as a GEMM is, 384 threads a
+block with and without 200 KB of shared memory and in clusters of 2: what the launch
+itself costs). Printed per program and split count: life, the span (first block entry to
+last store), the lead (first marker to first block entry) and tail (last stamp to second
+marker) that make up the rest, and, over blocks, the median and maximum of each phase, in
 microseconds (the median launch of ``--reps``).
 
     python bench/timeline.py PROGRAM.l2 [...] --shape 1024x256x4096 --splits 1,2,4,8
@@ -34,6 +37,7 @@ from l2gen.ir import Family
 from l2gen.lower import define_flags
 from l2gen.runner import source as build_source
 from l2gen.parse import parse_file
+from l2gen.probes import Probes, build_probes
 from l2gen.runtime import Library
 from l2gen.targets import GPUS
 
@@ -79,7 +83,7 @@ def phases(blocks: list[dict]) -> dict:
                 continue
             per[name].append((ns[z] - (t0 if a is None else ns[a])) / 1e3)
     stats = {name: (statistics.median(v), max(v)) for name, v in per.items() if v}
-    return {"span_us": (end - t0) / 1e3, "blocks": len(blocks), "phases": stats}
+    return {"span_us": (end - t0) / 1e3, "blocks": len(blocks), "phases": stats, "t0_ns": t0, "end_ns": end}
 
 
 def main() -> int:
@@ -89,6 +93,8 @@ def main() -> int:
     ap.add_argument("--splits", default="1")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", help="write every block of every rep here")
+    ap.add_argument("--empty-blocks", type=int, default=128,
+                    help="blocks of the empty grids timed beside the programs (even; default 128)")
     ap.add_argument("--define", action="append", default=[], metavar="MACRO",
                     help="also time each program built with -DMACRO (repeatable; A=1+B=1 defines both)")
     args = ap.parse_args()
@@ -114,8 +120,9 @@ def main() -> int:
     marks = getattr(marker, f"{results[0].source.entry}_marks")
     marks.argtypes = [ctypes.c_void_p]
 
-    def life(launch) -> float:
-        """Device time between two marker kernels around one launch after a flush (us)."""
+    def life(launch) -> tuple[float, int, int]:
+        """Device time between two marker kernels around one launch after a flush (us), and
+        the two markers' %globaltimer stamps (ns) to place the launch's blocks between them."""
         stream = torch.cuda.current_stream().cuda_stream
         flush.sum()
         mark(0, stream)
@@ -125,16 +132,24 @@ def main() -> int:
         raw = (ctypes.c_ulonglong * 64)()
         if marks(raw) != 0:
             raise RuntimeError("marks read failed")
-        return (raw[1] - raw[0]) / 1e3
+        return (raw[1] - raw[0]) / 1e3, raw[0], raw[1]
 
     a = torch.randn(m, k, dtype=torch.float16, device="cuda")
     b = torch.randn(k, n, dtype=torch.float16, device="cuda")
     empty = torch.empty(0, device="cuda")
-    for name, fn in (("torch.matmul (kn)", lambda: torch.matmul(a, b)), ("empty kernel", lambda: empty.zero_())):
+    probes = Probes(build_probes())
+    stream = torch.cuda.current_stream().cuda_stream
+    baselines = [("torch.matmul (kn)", lambda: torch.matmul(a, b)), ("empty kernel", lambda: empty.zero_())]
+    # Empty grids shaped like the GEMM's launch: what its grid, shared memory and cluster cost.
+    blocks = args.empty_blocks
+    for cluster, smem in ((1, 0), (1, 200 * 1024), (2, 200 * 1024)):
+        baselines.append((f"empty {blocks}x384 smem {smem // 1024}K cluster {cluster}",
+                          lambda c=cluster, sm=smem: probes.empty_grid(blocks, c, 384, sm, stream)))
+    for name, fn in baselines:
         fn()
-        lives = sorted(life(fn) for _ in range(args.reps))
+        lives = sorted(life(fn)[0] for _ in range(args.reps))
         print(f"{name:40s} {'-':>6s} {'-':>6s} {lives[len(lives) // 2]:7.2f}")
-    print(f"{'program':40s} {'splits':>6s} {'blocks':>6s} {'life':>7s} {'span':>7s}  "
+    print(f"{'program':40s} {'splits':>6s} {'blocks':>6s} {'life':>7s} {'span':>7s} {'lead':>6s} {'tail':>6s}  "
           + "  ".join(f"{name:>13s}" for name, _, _ in PHASES) + "   (us: median/max over blocks)")
     for (program, label, _), result in zip(variants, results):
         lib = Library.load(result.library, result.source.entry)
@@ -171,13 +186,16 @@ def main() -> int:
             for _ in range(args.reps):
                 if reset() != 0:
                     raise RuntimeError("trace reset failed")
-                lived = life(launch)
+                lived, mark0, mark1 = life(launch)
                 raw = (ctypes.c_ulonglong * (SLOTS * MAX_BLOCKS))()
                 if get(raw, MAX_BLOCKS) != 0:
                     raise RuntimeError("trace read failed")
                 blocks = blocks_of(raw, MAX_BLOCKS)
                 summary = phases(blocks)
                 summary["life_us"] = lived
+                # Life outside the blocks: marker to first entry (launch), last stamp to marker (drain).
+                summary["lead_us"] = (summary["t0_ns"] - mark0) / 1e3
+                summary["tail_us"] = (mark1 - summary["end_ns"]) / 1e3
                 reps.append((summary, blocks))
             reps.sort(key=lambda r: r[0]["span_us"])
             summary, blocks = reps[len(reps) // 2]
@@ -185,7 +203,7 @@ def main() -> int:
                 f"{summary['phases'][name][0]:6.2f}/{summary['phases'][name][1]:6.2f}"
                 if name in summary["phases"] else f"{'-':>13s}" for name, _, _ in PHASES)
             print(f"{label:40s} {s:6d} {summary['blocks']:6d} {summary['life_us']:7.2f} "
-                  f"{summary['span_us']:7.2f}  {cells}")
+                  f"{summary['span_us']:7.2f} {summary['lead_us']:6.2f} {summary['tail_us']:6.2f}  {cells}")
             dump.append({"program": label, "shape": [m, n, k], "splits": s,
                          "reps": [{"summary": r[0], "blocks": r[1]} for r in reps]})
     if args.json:

@@ -95,6 +95,8 @@ class Probes:
         d.l2gen_probe_flush_create.restype = _vp
         d.l2gen_probe_flush_destroy.argtypes, d.l2gen_probe_flush_destroy.restype = [_vp], None
         d.l2gen_probe_flush.argtypes, d.l2gen_probe_flush.restype = [_vp, _vp], _int
+        d.l2gen_probe_empty_grid.argtypes = [_int, _int, _int, _int, _vp]
+        d.l2gen_probe_empty_grid.restype = _int
         d.l2gen_probe_max_active_clusters.argtypes = [_int, _int, _int, ctypes.POINTER(_int)]
         d.l2gen_probe_max_active_clusters.restype = _int
         d.l2gen_probe_error_string.argtypes = [_int]
@@ -114,6 +116,12 @@ class Probes:
     def empty(self, stream: int) -> None:
         """Enqueue the empty kernel on ``stream``."""
         self._check(self._dll.l2gen_probe_empty(stream or None), "l2gen_probe_empty")
+
+    def empty_grid(self, blocks: int, cluster: int, threads: int, smem_bytes: int, stream: int) -> None:
+        """Enqueue an empty kernel launched like a GEMM: ``blocks`` CTAs in clusters of
+        ``cluster``, ``threads`` threads and ``smem_bytes`` of dynamic shared memory each."""
+        self._check(self._dll.l2gen_probe_empty_grid(blocks, cluster, threads, smem_bytes, stream or None),
+                    f"l2gen_probe_empty_grid({blocks}, {cluster}, {threads}, {smem_bytes})")
 
     def max_active_clusters(self, cluster: int, threads: int, smem_bytes: int) -> int:
         """How many clusters of ``cluster`` CTAs (``threads`` threads and ``smem_bytes`` of

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const int4* __restrict__
 __global__ void empty_kernel() {}
 
 // An empty kernel of any block size and dynamic shared memory: what the cluster residency
-// query below asks the occupancy calculator about.
+// query below asks the occupancy calculator about, and what the empty grid launches.
 __global__ void residency_kernel() {}
 
 int read_blocks(int* blocks) {
@@ -64,6 +64,31 @@ int read_blocks(int* blocks) {
   *blocks = sms * (per_sm > 0 ? per_sm : 1);
   return 0;
 }
+
+// The launch configuration of residency_kernel as a clustered GEMM would launch: `blocks`
+// CTAs in clusters of `cluster` along x, `threads` threads, `smem_bytes` of dynamic shared
+// memory (the kernel's attributes set to allow it).
+struct ClusterLaunch {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attr = {};
+
+  cudaError_t set(int blocks, int cluster, int threads, int smem_bytes) {
+    cudaError_t e = cudaFuncSetAttribute(residency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         smem_bytes);
+    if (e == cudaSuccess && cluster > 8)
+      e = cudaFuncSetAttribute(residency_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    return e;
+  }
+};
 
 struct Flush {
   int protocol;
@@ -129,30 +154,30 @@ int l2gen_probe_flush(void* context, cudaStream_t stream) {
   }
 }
 
+// An empty grid shaped like a GEMM launch: `blocks` CTAs (a multiple of `cluster`) of
+// `threads` threads and `smem_bytes` of dynamic shared memory, in clusters of `cluster`. Its
+// time beside l2gen_probe_empty's is what the launch's shape costs before any work.
+int l2gen_probe_empty_grid(int blocks, int cluster, int threads, int smem_bytes, cudaStream_t stream) {
+  if (blocks < 1 || cluster < 1 || blocks % cluster || threads < 1 || smem_bytes < 0)
+    return L2GEN_PROBE_BAD_ARGUMENT;
+  ClusterLaunch launch;
+  cudaError_t e = launch.set(blocks, cluster, threads, smem_bytes);
+  if (e != cudaSuccess) return -static_cast<int>(e);
+  launch.config.stream = stream;
+  return -static_cast<int>(cudaLaunchKernelEx(&launch.config, residency_kernel));
+}
+
 // How many clusters of `cluster` CTAs, each of `threads` threads and `smem_bytes` of dynamic
 // shared memory, the current device holds at once (cudaOccupancyMaxActiveClusters): a
 // cluster's CTAs share a GPC, so on a chip whose GPCs hold different numbers of SMs this
 // can be fewer than (SMs / CTAs per cluster) even where every SM holds a CTA.
 int l2gen_probe_max_active_clusters(int cluster, int threads, int smem_bytes, int* clusters) {
   if (cluster < 1 || threads < 1 || smem_bytes < 0 || !clusters) return L2GEN_PROBE_BAD_ARGUMENT;
-  cudaError_t e = cudaFuncSetAttribute(residency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       smem_bytes);
-  if (e == cudaSuccess && cluster > 8)
-    e = cudaFuncSetAttribute(residency_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  ClusterLaunch launch;
+  cudaError_t e = launch.set(cluster, cluster, threads, smem_bytes);
   if (e != cudaSuccess) return -static_cast<int>(e);
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
   *clusters = 0;
-  return -static_cast<int>(cudaOccupancyMaxActiveClusters(clusters, residency_kernel, &cfg));
+  return -static_cast<int>(cudaOccupancyMaxActiveClusters(clusters, residency_kernel, &launch.config));
 }
 
 const char* l2gen_probe_error_string(int code) {

@@ -86,6 +86,19 @@ def test_cluster_residency_is_at_most_the_sms_and_shrinks_with_the_cluster(devic
     assert all(probes.max_active_clusters(c, 384, 100 * 1024) >= held[c] for c in held)
 
 
+def test_an_empty_grid_launches_in_clusters_and_refuses_a_partial_cluster(device):
+    from l2gen import runtime
+    from l2gen.probes import ProbeError
+
+    probes, stream, _ = device
+    if runtime.device_info(0).sm < 90:
+        pytest.skip("thread block clusters need sm_90")
+    t = _median_after(device, "clean", lambda s: probes.empty_grid(128, 2, 384, 200 * 1024, s))
+    assert 1.0 <= t <= 20.0, t
+    with pytest.raises(ProbeError, match="empty_grid"):
+        probes.empty_grid(3, 2, 384, 0, stream)
+
+
 def test_a_runner_that_cannot_be_captured_fails_alone_and_the_stream_goes_on(device):
     from l2gen import runtime
     from l2gen.modes import time_graph
