@@ -24,6 +24,19 @@ class Gpu:
     peak_tflops_fp16: float  # dense fp16 tensor-core rate with fp32 accumulation, measured
     bandwidth_tbs: float  # device-memory bandwidth, measured
     max_cluster: int  # portable cluster size limit (0: no clusters)
+    # Clusters of 2, 4, 8 CTAs held at once at one CTA per SM (cudaOccupancyMaxActiveClusters,
+    # `bench/device.sh clusters`): a cluster's CTAs share a GPC, so a GPC whose SMs are not a
+    # multiple of the cluster size leaves some idle. Empty: SMs // size.
+    clusters_held: tuple[int, int, int] = ()
+
+    def cluster_ctas(self, size: int) -> int:
+        """CTAs resident at once (one per SM) when launched in clusters of ``size``."""
+        if size <= 1:
+            return self.sms
+        sizes = (2, 4, 8)
+        if self.clusters_held and size in sizes:
+            return self.clusters_held[sizes.index(size)] * size
+        return self.sms // size * size
 
     def families(self) -> tuple[Family, ...]:
         return (Family.SM80, Family.SM90, Family.SM90_L2GEN) if self.sm >= 90 else (Family.SM80,)
@@ -44,8 +57,11 @@ class Gpu:
 GPUS: dict[str, Gpu] = {
     # H200 SXM: 132 SMs, 227 KB opt-in shared memory per block, 50 MB L2. The peak and
     # bandwidth were measured on the device machine (bench/results/ holds the runs).
-    "h200": Gpu("h200", 90, 132, 232448, 233472, 65536, 1024, 50 * 2**20, 750.0, 4.3, 8),
-    "h100": Gpu("h100", 90, 132, 232448, 233472, 65536, 1024, 50 * 2**20, 750.0, 3.35, 8),
+    # Clusters held: measured on an H100 (66 of 2, 30 of 4, 15 of 8: 120 CTAs in clusters of
+    # 4 or 8, bench/results/2026-12-06-h100-clusters-092bbcd.txt); the H200 is the same die
+    # with the same 132 SMs, its own figure not yet measured.
+    "h200": Gpu("h200", 90, 132, 232448, 233472, 65536, 1024, 50 * 2**20, 750.0, 4.3, 8, (66, 30, 15)),
+    "h100": Gpu("h100", 90, 132, 232448, 233472, 65536, 1024, 50 * 2**20, 750.0, 3.35, 8, (66, 30, 15)),
     # A100 SXM: 108 SMs, 163 KB opt-in shared memory per block, 40 MB L2.
     "a100": Gpu("a100", 80, 108, 166912, 167936, 65536, 1024, 40 * 2**20, 312.0, 2.0, 0),
 }

@@ -175,7 +175,8 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     tiles_m = _ceil(_ceil(shape.m, t.m), cm) * cm
     tiles_n = _ceil(_ceil(shape.n, t.n), cn) * cn
     tiles = tiles_m * tiles_n
-    slots = (min(gpu.sms, kn.grid or gpu.sms) // cs) * cs  # a persistent grid's CTAs (the knob grid caps it)
+    # a persistent grid's CTAs: whole clusters the GPCs hold at once (the knob grid caps it)
+    slots = min(gpu.cluster_ctas(cs), (kn.grid or gpu.sms) // cs * cs)
     l2 = 1.0 + 0.05 * _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
     bytes_iter = (min(t.m, shape.m) * t.k * 2 / cn + min(t.n, shape.n) * t.k * 2 / cm) * l2  # TMA skips out-of-bounds boxes
     t_comp = 2.0 * t.m * t.n * t.k / (per_sm_flops * eff)
@@ -225,7 +226,10 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
     splits = kn.splits if splits_apply(cfg) else 1
     units = tiles_m * tiles_n * splits
-    waves = _ceil(units, gpu.sms * resident)
+    # A wave is what the GPCs hold at once in whole clusters: 120 CTAs in clusters of 4 on
+    # 132 SMs, so 128 CTAs of 128x64 in clusters of 4 run in two (bench/results/README.md).
+    held = gpu.cluster_ctas(cfg.cluster[0] * cfg.cluster[1])
+    waves = _ceil(units, held * resident)
     k_iters = _ceil(_ceil(shape.k, t.k), splits)
     penalty = _l2_penalty(program, shape, tiles_m, tiles_n, gpu) * (0.5 if cfg.hints is Hints.STREAM else 1.0)
     # A multicast cluster loads a shared tile once for the CTAs along its row or column.
@@ -249,7 +253,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # (what the per-block timelines measured: bench/results/README.md, "Inside a split").
         t_epi += 1.0 + rows * cols * 4 * 2 / bw_sm
     looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs per SM of a persistent grid
-    capacity = min(gpu.sms * looping, kn.grid) if kn.grid else gpu.sms * looping  # its CTAs (the knob grid caps them)
+    capacity = min(held * looping, kn.grid) if kn.grid else held * looping  # its CTAs (the knob grid caps them)
     if kn.decomposition is Decomposition.STREAM_K:
         # equal runs of the tiles' K tiles over the persistent grid: no partial last wave; a
         # tile that two runs meet is summed in the workspace (the atomic chain), one CTA's
