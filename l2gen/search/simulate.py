@@ -274,7 +274,8 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # the next unit's loads go on under the epilogue, but its consumers (the tensor
         # cores' only users) stage it first: a build without the epilogue ran 4-8% faster
         # (bench/results/README.md, "The persistent kernel's epilogue")
-        compute = LATENCY_US + units / capacity * (k_iters * t_iter + EPI_STAGING * t_epi)
+        # (its CTAs take whole units: the last CTA to finish runs ceil(units / capacity) of them)
+        compute = LATENCY_US + _ceil(units, capacity) * (k_iters * t_iter + EPI_STAGING * t_epi)
     else:
         compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0

@@ -707,6 +707,20 @@ def test_a_wave_is_what_the_gpcs_hold_in_whole_clusters():
     (256x4096x4096: 21.9 us in pairs, 36.0 in fours, on an H100)."""
     gpu = GPUS["h100"]
     assert [gpu.cluster_ctas(c) for c in (1, 2, 4, 8)] == [132, 132, 120, 120]
+    shape = Shape(256, 4096, 4096)
+    base = dict(bm=128, bn=64, bk=64, stages=8)
+    pair = assemble(Family.SM90_L2GEN, dict(base, cluster=(2, 1)))
+    four = assemble(Family.SM90_L2GEN, dict(base, cluster=(2, 2)))
+    assert model_us(four, shape, gpu) > 1.4 * model_us(pair, shape, gpu)
+
+
+def test_a_persistent_kernels_ctas_take_whole_units():
+    """A persistent grid of 132 CTAs over 133 tiles: one CTA runs two, so the kernel takes
+    most of two tiles' time, not 133/132 of one."""
+    gpu = GPUS["h200"]
+    p = assemble(Family.SM90_L2GEN, dict(bm=128, bn=128, bk=64, stages=4))
+    one, over = (model_us(p, Shape(128, 128 * t, 4096), gpu) for t in (132, 133))
+    assert over > 1.5 * one
 
 
 def test_an_epilogue_tile_is_drawn_assembled_and_dropped_where_it_means_nothing():
