@@ -13,7 +13,9 @@ block with and without 200 KB of shared memory and in clusters of 2: what the la
 itself costs). Printed per program and split count: life, the span (first block entry to
 last store), the lead (first marker to first block entry) and tail (last stamp to second
 marker) that make up the rest, and, over blocks, the median and maximum of each phase, in
-microseconds (the median launch of ``--reps``).
+microseconds (the median launch of ``--reps``); then the mainloop's clock (%clock64 against
+%globaltimer) and its cycles a K tile and FLOP a cycle per SM (an H100's or H200's tensor
+cores peak at 4096 dense fp16 FLOP a cycle per SM).
 
     python bench/timeline.py PROGRAM.l2 [...] --shape 1024x256x4096 --splits 1,2,4,8
     python bench/timeline.py PROGRAM.l2 --shape ... --json out.json   # every block, every rep
@@ -83,7 +85,13 @@ def phases(blocks: list[dict]) -> dict:
                 continue
             per[name].append((ns[z] - (t0 if a is None else ns[a])) / 1e3)
     stats = {name: (statistics.median(v), max(v)) for name, v in per.items() if v}
-    return {"span_us": (end - t0) / 1e3, "blocks": len(blocks), "phases": stats, "t0_ns": t0, "end_ns": end}
+    # The mainloop in its SM's cycles (%clock64) beside its nanoseconds: the clock it ran at.
+    loop = [(b["cycles"]["mainloop"] - b["cycles"]["first_full"], b["ns"]["mainloop"] - b["ns"]["first_full"])
+            for b in blocks if {"mainloop", "first_full"} <= b["cycles"].keys() & b["ns"].keys()]
+    cycles = statistics.median(c for c, _ in loop) if loop else 0.0
+    mhz = statistics.median(1e3 * c / ns for c, ns in loop if ns > 0) if loop else 0.0
+    return {"span_us": (end - t0) / 1e3, "blocks": len(blocks), "phases": stats, "t0_ns": t0, "end_ns": end,
+            "mainloop_cycles": cycles, "mainloop_mhz": mhz}
 
 
 def main() -> int:
@@ -204,6 +212,14 @@ def main() -> int:
                 if name in summary["phases"] else f"{'-':>13s}" for name, _, _ in PHASES)
             print(f"{label:40s} {s:6d} {summary['blocks']:6d} {summary['life_us']:7.2f} "
                   f"{summary['span_us']:7.2f} {summary['lead_us']:6.2f} {summary['tail_us']:6.2f}  {cells}")
+            # The mainloop's rate per SM (first stage full to last wgmma: every K tile of the
+            # block's first unit), at the clock it ran.
+            tm, tn, tk = program.config.tile.m, program.config.tile.n, program.config.tile.k
+            k_tiles = -(-k // (tk * s))
+            if summary["mainloop_cycles"]:
+                per_tile = summary["mainloop_cycles"] / k_tiles
+                print(f"{'':40s} mainloop at {summary['mainloop_mhz']:.0f} MHz: {per_tile:.0f} cycles a K tile, "
+                      f"{2 * tm * tn * tk / per_tile:.0f} FLOP a cycle")
             dump.append({"program": label, "shape": [m, n, k], "splits": s,
                          "reps": [{"summary": r[0], "blocks": r[1]} for r in reps]})
     if args.json:
