@@ -121,6 +121,7 @@ def main() -> int:
             print(r.error, file=sys.stderr)
             return 1
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream  # every launch of this script
     dump = []
     marker = Library.load(results[0].library, results[0].source.entry)._dll
     mark = getattr(marker, f"{results[0].source.entry}_mark")
@@ -131,7 +132,6 @@ def main() -> int:
     def life(launch) -> tuple[float, int, int]:
         """Device time between two marker kernels around one launch after a flush (us), and
         the two markers' %globaltimer stamps (ns) to place the launch's blocks between them."""
-        stream = torch.cuda.current_stream().cuda_stream
         flush.sum()
         mark(0, stream)
         launch()
@@ -146,13 +146,11 @@ def main() -> int:
     b = torch.randn(k, n, dtype=torch.float16, device="cuda")
     empty = torch.empty(0, device="cuda")
     probes = Probes(build_probes())
-    stream = torch.cuda.current_stream().cuda_stream
     baselines = [("torch.matmul (kn)", lambda: torch.matmul(a, b)), ("empty kernel", lambda: empty.zero_())]
     # Empty grids shaped like the GEMM's launch: what its grid, shared memory and cluster cost.
-    blocks = args.empty_blocks
     for cluster, smem in ((1, 0), (1, 200 * 1024), (2, 200 * 1024)):
-        baselines.append((f"empty {blocks}x384 smem {smem // 1024}K cluster {cluster}",
-                          lambda c=cluster, sm=smem: probes.empty_grid(blocks, c, 384, sm, stream)))
+        baselines.append((f"empty {args.empty_blocks}x384 smem {smem // 1024}K cluster {cluster}",
+                          lambda c=cluster, sm=smem: probes.empty_grid(args.empty_blocks, c, 384, sm, stream)))
     for name, fn in baselines:
         fn()
         lives = sorted(life(fn)[0] for _ in range(args.reps))
@@ -173,7 +171,6 @@ def main() -> int:
             a = torch.randn(m, k, dtype=torch.float16, device="cuda")
             b = torch.randn((n, k) if nk else (k, n), dtype=torch.float16, device="cuda")
             c = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
-            stream = torch.cuda.current_stream().cuda_stream
 
             def launch():
                 lib.launch(a, b, c, m, n, k, k, k if nk else n, n, knobs, ws if ws_bytes else None,
