@@ -40,7 +40,8 @@
 #   library        l2gen build --library with LIBRARY_JOBS (16) nvcc jobs: the wall time of building
 #                  the kernel library shipped for the GPU, on its own
 #   shipdb         merge the tuned databases (and the databases in $SHIP_FROM, the bench
-#                  results files in $SHIP_BENCH) into $RESULTS/kernels_h200.db
+#                  results files in $SHIP_BENCH) into $RESULTS/kernels_$L2GEN_GPU.db (the GPU: L2GEN_GPU,
+#                  default the card this machine has)
 #   dbtop          bench each shape's TOP (3) best programs of $TOP_DB afresh (TOP_SUITE: only
 #                  the shapes of that suite; results named
 #                  $DBTOP_NAME, default dbtop)
@@ -100,9 +101,19 @@ export L2GEN_CACHE_DIR=${L2GEN_CACHE_DIR:-$PWD/.l2cache}
 if [ -f .device-in/libs.tar.xz ]; then
   mkdir -p "$L2GEN_CACHE_DIR" && tar xJf .device-in/libs.tar.xz -C "$L2GEN_CACHE_DIR"
 fi
-L2GEN="python3 -m l2gen.cli"
+# The GPU every l2gen command targets: the card this machine has (L2GEN_GPU overrides), so
+# that a run on a lent H100 names the H100 in its results and fills a database of its own.
+if [ -z "${L2GEN_GPU:-}" ]; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H100*) L2GEN_GPU=h100 ;;
+    *A100*) L2GEN_GPU=a100 ;;
+    *) L2GEN_GPU=h200 ;;
+  esac
+fi
+export L2GEN_GPU
+L2GEN="python3 -m l2gen.cli --gpu $L2GEN_GPU"
 SUITE=${SUITE:-suites/public.json}
-DB=${DB:-$RESULTS/kernels_h200.db}
+DB=${DB:-$RESULTS/kernels_$L2GEN_GPU.db}
 status=0
 
 # per_shape SCRIPT FILE SHAPES TIMEOUT REPS PROGRAMS ARGS: SCRIPT (bench/probe.py or
@@ -202,8 +213,8 @@ for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTA
       policy=${step#tune-}
       if [ -f ".device-in/tune-$policy.db" ] && [ ! -f "$RESULTS/tune-$policy.db" ]; then
         cp ".device-in/tune-$policy.db" "$RESULTS/"
-        if [ "$policy" = embedded ] && [ -f .device-in/policy_h200.json ]; then
-          cp .device-in/policy_h200.json "$RESULTS/"
+        if [ "$policy" = embedded ] && [ -f .device-in/policy_$L2GEN_GPU.json ]; then
+          cp .device-in/policy_$L2GEN_GPU.json "$RESULTS/"
         fi
       fi
       extra=()
@@ -212,7 +223,7 @@ for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTA
       fi
       if [ "$policy" = embedded ]; then
         batch=${TUNE_BATCH:-4}
-        extra+=(--policy-state "$RESULTS/policy_h200.json")
+        extra+=(--policy-state "$RESULTS/policy_$L2GEN_GPU.json")
       else
         batch=${TUNE_BATCH_RANDOM:-8}  # the random policy learns nothing: one batch per shape
       fi
@@ -226,23 +237,23 @@ for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTA
       grep -c "build.*FAILED\|Traceback" "$RESULTS/tune-$policy.log"
       ;;
     shipdb)
-      rm -f "$RESULTS/kernels_h200.db"
+      rm -f "$RESULTS/kernels_$L2GEN_GPU.db"
       for src in "$RESULTS"/tune-*.db ${SHIP_FROM:-}; do
         [ -f "$src" ] || continue
         $L2GEN db export --db "$src" "$RESULTS/export.json" >/dev/null && \
-          $L2GEN db import --db "$RESULTS/kernels_h200.db" "$RESULTS/export.json" || status=1
+          $L2GEN db import --db "$RESULTS/kernels_$L2GEN_GPU.db" "$RESULTS/export.json" || status=1
       done
       rm -f "$RESULTS/export.json"
       for results in ${SHIP_BENCH:-}; do  # bench results files: their measured rows count too
-        $L2GEN db import-bench --db "$RESULTS/kernels_h200.db" "$results" || status=1
+        $L2GEN db import-bench --db "$RESULTS/kernels_$L2GEN_GPU.db" "$results" || status=1
       done
-      $L2GEN db show --db "$RESULTS/kernels_h200.db" || status=1
+      $L2GEN db show --db "$RESULTS/kernels_$L2GEN_GPU.db" || status=1
       ;;
     dbtop)
       # each shape's TOP best programs of $TOP_DB (default the shipped database), measured
       # afresh: bench rows that shipdb can import (SHIP_BENCH) to rebuild a database
       name=${DBTOP_NAME:-dbtop}
-      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "${TOP_DB:-l2gen/data/kernels_h200.db}" --top "${TOP:-3}" \
+      timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench --db "${TOP_DB:-l2gen/data/kernels_$L2GEN_GPU.db}" --top "${TOP:-3}" \
         ${TOP_SUITE:+--suite "$TOP_SUITE"} --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" -o "$RESULTS/$name.json" \
         2> "$RESULTS/$name.log" > "$RESULTS/$name.txt" || status=1
       tail -28 "$RESULTS/$name.txt"
