@@ -62,7 +62,7 @@ def main() -> int:
     built = {build_key(p) for p in library.load(gpu)} if args.library else set()
     with KernelDB(args.db, readonly=True) as db:
         everything = db_rows([db], gpu, l2=args.l2)
-        shapes = {s: [m for m in db.history(gpu, s, l2=args.l2) if m.status == "ok" and m.time_us] for s in db.shapes(gpu)}
+        shapes = {s: [m for m in db.history(gpu, s, l2=args.l2, loops=False) if m.status == "ok" and m.time_us] for s in db.shapes(gpu)}
     out = []
     print(f"{'shape':>18} {'rows':>5} {'skipped':>8} {'best':>8} {'gated best':>10} {'kept':>6}")
     for shape, rows in sorted(shapes.items(), key=lambda kv: (kv[0].m, kv[0].n, kv[0].k)):

@@ -21,7 +21,7 @@ def curves_from_db(db, gpu: Gpu, *, budget: int | None = None) -> dict[Shape, li
     out: dict[Shape, list[float]] = {}
     for shape in db.shapes(gpu):
         best, curve = 0.0, []
-        for measurement in db.history(gpu, shape)[:budget]:
+        for measurement in db.history(gpu, shape, loops=False)[:budget]:
             s = measurement.speedup
             if s is not None and s > best:
                 best = s

@@ -157,7 +157,7 @@ def db_rows(dbs: Sequence, gpu: Gpu, *, l2: str | None = None,
     rows, seen = [], set()
     for db in dbs:
         for shape in db.shapes(gpu):
-            for m in db.history(gpu, shape, l2=l2):
+            for m in db.history(gpu, shape, l2=l2, loops=False):
                 if m.status == "ok" and m.time_us and (b_layout is None or m.program.b_layout is b_layout):
                     key = (program_key(m.program), shape, m.time_us, m.baseline_us)
                     if key not in seen:

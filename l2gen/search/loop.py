@@ -259,7 +259,7 @@ class _ShapeRun:
         if self.stop.is_set():
             return
         with lock:
-            history: list[Measurement] = [m for m in db.history(gpu, shape, l2=self.l2) if m.program.b_layout is self.b_layout]
+            history: list[Measurement] = [m for m in db.history(gpu, shape, l2=self.l2, loops=False) if m.program.b_layout is self.b_layout]
             for m in history:
                 result.record(m)
             result.resumed = len(history)
@@ -347,7 +347,7 @@ class _ShapeRun:
             with lock:
                 policy.update(shape, [(fresh[i], landed[i]) for i in range(len(fresh))])
                 if result.dropped:  # another run is tuning this shape too: go on from what is stored
-                    history[:] = db.history(gpu, shape, l2=self.l2)
+                    history[:] = db.history(gpu, shape, l2=self.l2, loops=False)
                     seen |= {program_key(m.program) for m in history}
             best = f"{result.best_speedup:.3f}x" if result.best_speedup else "-"
             with lock:
