@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import subprocess
 import sys
+import threading
 
 import torch
 
@@ -32,6 +34,52 @@ from l2gen.parse import parse, parse_file
 from l2gen.runtime import Library
 from l2gen.runner import source
 from l2gen.targets import GPUS
+
+
+class ClockLog:
+    """The SM clock and board power while each setting's back-to-back block runs: nvidia-smi
+    samples them every ``ms`` milliseconds, each sample filed under the setting running then
+    (the first 20% of a block left out: the clock settles). Nothing if nvidia-smi is missing."""
+
+    def __init__(self, ms: int = 50):
+        self.current: str | None = None
+        self.samples: dict[str, list[list[tuple[float, float]]]] = {}
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", str(torch.cuda.current_device()),
+                                          "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                                          "-lms", str(ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            label = self.current
+            try:
+                mhz, watts = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            if label is not None:
+                self.samples[label][-1].append((mhz, watts))
+
+    def start(self, label: str):
+        self.samples.setdefault(label, []).append([])
+        self.current = label
+
+    def stop(self):
+        self.current = None
+
+    def summary(self, label: str) -> str:
+        kept = [s for block in self.samples.get(label, []) for s in block[len(block) // 5:]]
+        if not kept:
+            return ""
+        return (f"  {statistics.median(m for m, _ in kept):5.0f} MHz {statistics.median(w for _, w in kept):4.0f} W"
+                f" ({len(kept)} samples)")
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.terminate()
 
 
 def main() -> int:
@@ -48,7 +96,8 @@ def main() -> int:
     ap.add_argument("--once", action="store_true", help="one launch per setting (for ncu)")
     ap.add_argument("--sustained", type=int, default=0, metavar="CALLS",
                     help="also time CALLS calls back to back per setting, in --reps rotated blocks: the per-call time "
-                         "under sustained load (clocks and power as a loop of large GEMMs leaves them)")
+                         "under sustained load (clocks and power as a loop of large GEMMs leaves them), with the "
+                         "median SM clock and board power nvidia-smi sampled during each setting's blocks")
     ap.add_argument("--no-verify", action="store_true",
                     help="time settings whose result is wrong too (builds that skip work on purpose)")
     args = ap.parse_args()
@@ -133,19 +182,26 @@ def main() -> int:
                 torch.cuda.synchronize()
                 out[label].append(ev[0].elapsed_time(ev[1]) * 1e3)
     sustained = {label: [] for label, _ in settings}
+    clocks = ClockLog() if args.sustained > 0 else None
     for rep in range(args.reps if args.sustained > 0 else 0):
         for i in range(len(settings)):
             label, launch = settings[(i + rep) % len(settings)]
+            torch.cuda.synchronize()
+            clocks.start(label)
             ev[0].record()
             for _ in range(args.sustained):
                 launch()
             ev[1].record()
             torch.cuda.synchronize()
+            clocks.stop()
             sustained[label].append(ev[0].elapsed_time(ev[1]) * 1e3 / args.sustained)
+    if clocks is not None:
+        clocks.close()
     for label, _ in settings:
         line = f"{label:60s}  warm {statistics.median(warm[label]):7.2f} us  cold {statistics.median(cold[label]):7.2f} us"
         if sustained[label]:
             line += f"  sustained {statistics.median(sustained[label]):7.2f} us ({args.sustained} back to back)"
+            line += clocks.summary(label)
         print(line)
     return 0
 
