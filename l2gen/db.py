@@ -55,12 +55,14 @@ from .validate import write_atomic
 
 SCHEMA_VERSION = 3  # 2: measurements.l2, meta 'l2'; 3: measurements.fallback_us
 # Kernels at least this long are judged back to back too (import_bench), by the less
-# favourable of that and one call at a time: a model runs its GEMMs back to back, where a
-# kernel that spends more energy per FLOP runs at a lower clock. From ~50 us on a loop of
-# calls is bound by the GPU, not by the host's launches: on an H100 2048x3584x3584 ran
-# 1.06x torch.matmul one call at a time and 0.88x back to back (the H200: 1.05x, 0.88x),
-# 16384^3 on the H200 1.11x and 0.93x. (Shorter kernels' loops time the host.)
-SUSTAINED_MIN_US = 50.0
+# favourable of that and one call at a time: past a millisecond a loop of them holds the GPU
+# at its power cap, where one call at a time does not (16384^3 on the H200: 1.11x
+# torch.matmul one call at a time, 0.93x back to back). Not shorter ones: a bench row's
+# back-to-back figure is one ~20 ms batch, whose clock depends on what ran before it. At
+# 2048x3584x3584 on an H100 such batches put l2gen's winner at 0.88x torch.matmul, while
+# rotated 160 ms blocks (bench/probe.py --sustained, six each) put it at 1.05x, both at
+# the same ~1.5 GHz and ~690 W (bench/results/2026-12-06-h100-probe-power-e05584b.txt).
+SUSTAINED_MIN_US = 1000.0
 LOOP_POLICY = "bench-loop"  # a bench row's back-to-back times, beside its one-call row
 FORMAT = "l2gen-kernel-db"  # also meta 'format': what marks an SQLite file as ours
 DEFAULT_DB = "l2gen-kernels.db"  # tune's and db's default
