@@ -12,6 +12,8 @@
 # Every bench step times under an L2 protocol (BENCH_L2, default clean: a read pass over
 # 4x the L2 before each run; dirty: the written flush every result before it used) and
 # records it, with the launch floor, stream rate and peak it measured, in its results.
+# Every l2gen command targets the card the machine has (L2GEN_GPU=h200|h100|a100 to say
+# otherwise): results name it, and the database steps fill kernels_<gpu>.db.
 #
 # Steps:
 #   info           GPU, driver, nvcc, torch
