@@ -40,8 +40,8 @@ import subprocess
 import threading
 import time
 import warnings
-from dataclasses import replace
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from .ir import BLayout, Program
