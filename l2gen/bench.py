@@ -31,8 +31,10 @@ The results file (JSON)::
                with rounds > 1 also "round_us": [per-round median],
                "baseline_round_us": {"<baseline>_us": [...]}; "batch_us" and
                "baseline_batch_us": {"<baseline>_us": ...}, the event time per call of each
-               one's back-to-back batch (the escape check's, after the timed runs: the
-               per-call time under sustained load, clocks and power as a loop leaves them);
+               one's back-to-back batch (the escape check's: one batch of ~20 ms each,
+               run one runner after another after the timed runs, so its clock depends on
+               what ran before it; ``bench/probe.py --sustained`` times longer rotated
+               blocks for a per-call time under sustained load);
                in graph or server mode
                "graph" / "server" (that mode's figures: calls, medians and means) and
                "baseline_graph" / "baseline_server" ({"<baseline>_us": {...}})}],
