@@ -26,6 +26,28 @@ def usage(code: str, message: str) -> UsageError:
     return UsageError([Diagnostic(code, message)])
 
 
+def off_target_card(gpu, device_info=None) -> str | None:
+    """The name of the card this process would time on, where it is not ``gpu`` (the target
+    whose limits the checker applies and under whose name results are filed); None where it
+    is, or where there is no card to ask."""
+    from ..targets import is_card
+
+    if device_info is None:
+        from ..runtime import device_info
+    try:
+        name = device_info(0).name
+    except Exception:
+        return None
+    return None if is_card(gpu, name) else name
+
+
+def target_of(card: str) -> str | None:
+    """The ``--gpu`` name of a card (an H100's: h100), or None for a card l2gen has no record of."""
+    from ..targets import GPUS, is_card
+
+    return next((g.name for g in GPUS.values() if is_card(g, card)), None)
+
+
 def recorded_best(args, l2: str | None = None) -> dict:
     """``--db``'s best (program, speedup, time_us) per shape on ``--gpu``, among the
     measurements made under the L2 protocol ``l2`` (None: the database's own); a database

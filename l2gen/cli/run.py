@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, recorded_best, usage
+from .common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, eprint, fail, off_target_card, recorded_best, target_of, usage
 from ..diagnostics import Diagnostic, DiagnosticError
 from ..ir import Span
 from ..protocol import DEFAULT_GRAPH_CALLS, DEFAULT_L2, DEFAULT_QPS, L2_PROTOCOLS, MODES
@@ -182,6 +182,12 @@ def cmd_bench(args) -> int:
         output_file(Path(args.out).with_suffix(".png"), "-o (its plot)")
     if device_count() == 0:
         raise fail("E-GPU", "no CUDA GPU found (or no driver for this CUDA runtime): bench needs one; 'l2gen build' and 'l2gen tune --simulate' do not")
+    card = off_target_card(args.gpu)
+    if card is not None:
+        own = target_of(card)
+        eprint(f"[bench] timing on {card}, not on the {args.gpu.name} this bench targets: its results name the "
+               f"{args.gpu.name} and the card they ran on, and no kernel database takes them (import-bench refuses "
+               f"them)" + (f"; bench with --gpu {own} for rows a {own} database takes" if own else ""))
     programs = []
     for path in args.files:
         programs.append(parse_file(path))

@@ -413,3 +413,24 @@ def test_a_tune_records_the_card_it_measures_on_and_warns_off_target(capsys):
         raise RuntimeError("no CUDA device")
 
     assert measured_on(GPUS["h200"], no_device) == {}
+
+
+def test_a_bench_says_when_it_times_another_card_than_its_target():
+    """Run on a lent H100 with the default --gpu (h200), a bench's rows name the H200 and no
+    database takes them: it says so, and which --gpu would make rows an H100 database takes."""
+    from l2gen.cli.common import off_target_card, target_of
+    from l2gen.runtime import DeviceInfo
+    from l2gen.targets import GPUS
+
+    def card(name):
+        return lambda device: DeviceInfo(name=name, sm=90, sms=132, l2_bytes=50 << 20)
+
+    assert off_target_card(GPUS["h200"], card("NVIDIA H200")) is None
+    assert off_target_card(GPUS["h200"], card("NVIDIA H100 80GB HBM3")) == "NVIDIA H100 80GB HBM3"
+    assert target_of("NVIDIA H100 80GB HBM3") == "h100" and target_of("NVIDIA H200") == "h200"
+    assert target_of("NVIDIA GeForce RTX 4090") is None
+
+    def no_device(device):
+        raise RuntimeError("no CUDA device")
+
+    assert off_target_card(GPUS["h200"], no_device) is None
