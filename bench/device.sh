@@ -114,6 +114,10 @@ if [ -z "${L2GEN_GPU:-}" ]; then
 fi
 export L2GEN_GPU
 L2GEN="python3 -m l2gen.cli --gpu $L2GEN_GPU"
+# The kernel library the library and tune steps use: the one shipped for the card, else the
+# H200's (sm90a configurations; the H100 has the same SMs and shared memory).
+LIBRARY=${LIBRARY:-l2gen/data/library/$L2GEN_GPU}
+[ -d "$LIBRARY" ] || LIBRARY=l2gen/data/library/h200
 SUITE=${SUITE:-suites/public.json}
 DB=${DB:-$RESULTS/kernels_$L2GEN_GPU.db}
 status=0
@@ -206,7 +210,7 @@ for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTA
     library)
       # the kernel library shipped for the GPU, built with 16 nvcc jobs: its wall time alone
       start=$(date +%s)
-      timeout "${LIBRARY_TIMEOUT:-580}" $L2GEN build --library -j "${LIBRARY_JOBS:-16}" \
+      timeout "${LIBRARY_TIMEOUT:-580}" $L2GEN build --library "$LIBRARY" -j "${LIBRARY_JOBS:-16}" \
         > "$RESULTS/library-build.txt" 2> "$RESULTS/library-build.log" || status=1
       echo "library build: $(( $(date +%s) - start )) s wall, $(grep -c '\.so$' "$RESULTS/library-build.txt") libraries" \
         | tee -a "$RESULTS/library-build.txt"
@@ -221,7 +225,7 @@ for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTA
       fi
       extra=()
       if [ -n "${TUNE_LIBRARY:-}" ]; then  # the library's knob settings first (build it first: the library step)
-        extra+=(--library --library-share "${TUNE_LIBRARY}")
+        extra+=(--library "$LIBRARY" --library-share "${TUNE_LIBRARY}")
       fi
       if [ "$policy" = embedded ]; then
         batch=${TUNE_BATCH:-4}
