@@ -50,7 +50,7 @@ from .ir import BLayout, Family, Knobs, Program
 from .protocol import DEFAULT_L2, L2_PROTOCOLS
 from .problem import Shape, program_key, unserved
 from .space import cap_grid
-from .targets import GPUS, Gpu, is_card
+from .targets import Gpu, gpu_of_card
 
 log = logging.getLogger("l2gen.dispatch")
 
@@ -667,7 +667,7 @@ def detect_gpu() -> Gpu | None:
         name = torch.cuda.get_device_name()
     except Exception:
         return None
-    return next((gpu for gpu in GPUS.values() if is_card(gpu, name)), None)
+    return gpu_of_card(name)
 
 
 def default_db_path(gpu: Gpu) -> Path | None:

@@ -78,6 +78,12 @@ def is_card(gpu: Gpu | str, device: str) -> bool:
     return name.lower() in device.lower()
 
 
+def gpu_of_card(device: str) -> Gpu | None:
+    """The target record of a CUDA device of that name (:func:`is_card`), or None for a card
+    l2gen has no record of."""
+    return next((gpu for gpu in GPUS.values() if is_card(gpu, device)), None)
+
+
 def get_gpu(name: str) -> Gpu:
     try:
         return GPUS[name.lower()]

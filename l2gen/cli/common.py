@@ -26,26 +26,33 @@ def usage(code: str, message: str) -> UsageError:
     return UsageError([Diagnostic(code, message)])
 
 
+def card_name(device_info=None) -> str | None:
+    """The name of the card this process would time on (device 0), or None where there is
+    none to ask."""
+    if device_info is None:
+        from ..runtime import device_info
+    try:
+        return device_info(0).name
+    except Exception:
+        return None
+
+
 def off_target_card(gpu, device_info=None) -> str | None:
     """The name of the card this process would time on, where it is not ``gpu`` (the target
     whose limits the checker applies and under whose name results are filed); None where it
     is, or where there is no card to ask."""
     from ..targets import is_card
 
-    if device_info is None:
-        from ..runtime import device_info
-    try:
-        name = device_info(0).name
-    except Exception:
-        return None
-    return None if is_card(gpu, name) else name
+    name = card_name(device_info)
+    return None if name is None or is_card(gpu, name) else name
 
 
 def target_of(card: str) -> str | None:
     """The ``--gpu`` name of a card (an H100's: h100), or None for a card l2gen has no record of."""
-    from ..targets import GPUS, is_card
+    from ..targets import gpu_of_card
 
-    return next((g.name for g in GPUS.values() if is_card(g, card)), None)
+    gpu = gpu_of_card(card)
+    return gpu.name if gpu is not None else None
 
 
 def recorded_best(args, l2: str | None = None) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import EXIT_FAIL, EXIT_OK, eprint, fail, usage
+from .common import EXIT_FAIL, EXIT_OK, card_name, eprint, fail, usage
 from .model import add_model_options
 from ..protocol import DEFAULT_L2, L2_PROTOCOLS
 from ..targets import is_card
@@ -106,11 +106,8 @@ def measured_on(gpu, device_info=None) -> dict:
     """The card a tune measures on, for the env of every row it writes (``device``), and a
     warning where that card is not the target whose limits the checker applies and under
     whose name the rows are filed (an H100 lent for an H200 tune: its rows say so)."""
-    if device_info is None:
-        from ..runtime import device_info
-    try:
-        name = device_info(0).name
-    except Exception:  # no name to record: the rows go without it, as before
+    name = card_name(device_info)
+    if name is None:  # no name to record: the rows go without it, as before
         return {}
     if not is_card(gpu, name):
         eprint(f"[tune] measuring on {name}, not on the {gpu.name} this tune targets: its rows are filed under "
