@@ -24,7 +24,8 @@
 #   bench, bench2  the example programs (BENCH_PROGRAMS) x the suite, BENCH_REPS timed runs
 #                  in each of BENCH_ROUNDS rounds; bench2 is a second, independent run;
 #                  'compare' says which ratios reproduce between them (files named
-#                  $BENCH_NAME-bench.json, ... when BENCH_NAME is set)
+#                  $BENCH_NAME-bench.json, ... when BENCH_NAME is set); BENCH_SUSTAINED=MS also
+#                  times every program and baseline back to back in rotated blocks of MS ms
 #   llm, llm2      the baselines alone on $LLM_SUITE (suites/llm.json: nn.Linear shapes, B
 #                  stored N x K), twice; 'llmcompare' says which baseline ratios reproduce
 #   graph          the example programs on $MODES_SUITE (suites/modes.json) in graph mode:
@@ -175,6 +176,7 @@ for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTA
       # shellcheck disable=SC2086
       timeout "${BENCH_TIMEOUT:-400}" $L2GEN bench ${BENCH_PROGRAMS:-examples/*.l2} \
         --suite "$SUITE" --reps "${BENCH_REPS:-50}" --rounds "${BENCH_ROUNDS:-4}" --l2 "${BENCH_L2:-clean}" \
+        ${BENCH_SUSTAINED:+--sustained "$BENCH_SUSTAINED"} \
         -o "$RESULTS/$name.json" 2> "$RESULTS/$name.log" > "$RESULTS/$name.txt" || status=1
       tail -30 "$RESULTS/$name.txt"
       ;;

@@ -34,7 +34,10 @@ The results file (JSON)::
                one's back-to-back batch (the escape check's: one batch of ~20 ms each,
                run one runner after another after the timed runs, so its clock depends on
                what ran before it; ``bench/probe.py --sustained`` times longer rotated
-               blocks for a per-call time under sustained load);
+               blocks for a per-call time under sustained load); with ``sustained`` also
+               "sustained_us" and "baseline_sustained_us": {"<baseline>_us": ...}, the
+               median event time per call over rotated blocks of that length, back to back
+               (see :func:`l2gen.timing.time_sustained`), and "sustained_blocks_us";
                in graph or server mode
                "graph" / "server" (that mode's figures: calls, medians and means) and
                "baseline_graph" / "baseline_server" ({"<baseline>_us": {...}})}],
@@ -122,6 +125,7 @@ def bench(
     worker: Worker | None = None,
     only: Mapping[Shape, Collection[str]] | None = None,
     protocol: Protocol = Protocol(),
+    sustained_ms: float = 0.0,
 ) -> dict:
     """Lower, build and measure ``programs`` on ``shapes`` under ``protocol``; write
     ``out_json`` (after every shape, so an interrupted run keeps what it measured). Returns
@@ -132,7 +136,11 @@ def bench(
     their defaults) and launched with its own knobs, so knob variants share one library,
     the same one ``l2gen tune`` built. ``only`` maps a shape to the names of the programs
     to run on it (all of them for a shape it does not name). ``progress`` takes the
-    run's lines, or is a :class:`~l2gen.console.Reporter` (bars on a terminal)."""
+    run's lines, or is a :class:`~l2gen.console.Reporter` (bars on a terminal).
+
+    ``sustained_ms`` > 0 (events mode): every program and baseline is also timed back to
+    back, in rotated blocks of that many milliseconds (``sustained_us`` in its row), what a
+    model's loop of GEMMs sees once clocks and power settle."""
     report = as_reporter(progress)
     say = report.say
     out_json = Path(out_json)
@@ -161,13 +169,16 @@ def bench(
         if p.b_layout.value != b_layout:
             say(f"[bench] {p.name}: B layout {p.b_layout.value} does not serve this bench "
                 f"({b_layout}); skipped")
-    settings = Settings(tuple(wanted), b_layout, protocol, shim, probes, seeds, reps, rounds)
+    if sustained_ms > 0 and protocol.mode != "events":
+        raise ValueError(f"sustained blocks are an events-mode measurement, not {protocol.describe()}'s")
+    settings = Settings(tuple(wanted), b_layout, protocol, shim, probes, seeds, reps, rounds, 1000.0 * sustained_ms)
 
     results = {
         "gpu": gpu.name, "device": None, "date": datetime.now(timezone.utc).isoformat(
             timespec="seconds"), "commit": git_commit(), "nvcc": found_nvcc_version(),
         **protocol.to_dict(), "b_layout": b_layout, "reps": reps,
         "rounds": rounds if protocol.mode == "events" else 1, "seeds": seeds, "floors": None,
+        **({"sustained_ms": sustained_ms} if sustained_ms > 0 else {}),
         "rows": [], "shapes": [],
     }
     say(f"[bench] timing in {protocol.describe()}")
@@ -249,8 +260,20 @@ def make_row(shape: Shape, program: str, text: str, cand: RunResult, base: Mappi
         "speedup_vs_best": best / t if t and best else None,
         **_rounds(cand, base, names),
         **_batches(cand, base, names),
+        **_sustained(cand, base, names),
         **_mode_figures(cand, base, names),
     }
+
+
+def _sustained(cand: RunResult, base: Mapping[str, RunResult], names: Sequence[str]) -> dict:
+    """Where the run timed sustained blocks: the program's and each baseline's median time
+    per call in them, and the program's blocks."""
+    own = _finite(cand.figures.get("sustained_us")) if cand.ok else None
+    if own is None:
+        return {}
+    return {"sustained_us": own, "sustained_blocks_us": list(cand.figures.get("sustained_blocks_us") or ()),
+            "baseline_sustained_us": {result_key(n): (_finite(base[n].figures.get("sustained_us"))
+                                                      if n in base and base[n].ok else None) for n in names}}
 
 
 MODE_FIGURES = ("graph", "server")  # the keys a graph- or server-mode result adds

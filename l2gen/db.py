@@ -63,6 +63,9 @@ SCHEMA_VERSION = 3  # 2: measurements.l2, meta 'l2'; 3: measurements.fallback_us
 # rotated 160 ms blocks (bench/probe.py --sustained, six each) put it at 1.05x, both at
 # the same ~1.5 GHz and ~690 W (bench/results/2026-12-06-h100-probe-power-e05584b.txt).
 SUSTAINED_MIN_US = 1000.0
+# A row timed in rotated blocks (l2gen bench --sustained) is judged back to back from this
+# long: below it a block of calls is bound by the host's launch rate, not the kernel.
+SUSTAINED_BLOCK_MIN_US = 20.0
 LOOP_POLICY = "bench-loop"  # a bench row's back-to-back times, beside its one-call row
 FORMAT = "l2gen-kernel-db"  # also meta 'format': what marks an SQLite file as ours
 DEFAULT_DB = "l2gen-kernels.db"  # tune's and db's default
@@ -738,8 +741,10 @@ class KernelDB:
         under the file's L2 protocol (``dirty`` for a file without one). Returns how many
         rows were added.
 
-        A row whose program takes at least :data:`SUSTAINED_MIN_US` and whose file timed
-        back-to-back batches (``batch_us``) is judged back to back too: where either of its
+        A row whose file timed rotated back-to-back blocks (``sustained_us``, ``l2gen bench
+        --sustained``) and whose program takes at least :data:`SUSTAINED_BLOCK_MIN_US`, or
+        one with only the escape check's batches (``batch_us``) whose program takes at least
+        :data:`SUSTAINED_MIN_US`, is judged back to back too: where either of its
         speedups (over cuBLAS-best, over torch.matmul) is lower there, the back-to-back
         times are added as a second measurement (policy :data:`LOOP_POLICY`), and a
         program's least favourable measurement is what ranks and serves it. A model runs its
@@ -823,12 +828,22 @@ def _less_favourable(loop: tuple, one: tuple) -> bool:
 
 def _sustained(row: dict) -> tuple[float, float, float | None] | None:
     """(program, cuBLAS-best, torch.matmul) µs per call back to back, for a bench row of a
-    kernel long enough to be judged under sustained load that timed them; else None."""
-    own, base = row.get("batch_us"), row.get("baseline_batch_us")
-    if not isinstance(own, (int, float)) or not isinstance(base, dict) or own <= 0:
+    kernel long enough to be judged under sustained load that timed them; else None. The
+    rotated blocks of ``l2gen bench --sustained`` judge every kernel from
+    :data:`SUSTAINED_BLOCK_MIN_US`; without them, the escape check's one batch per runner
+    judges kernels from :data:`SUSTAINED_MIN_US` only (its fixed order and ~20 ms length
+    leave a shorter kernel's time to the clock the runner before it left)."""
+    one = row.get("l2gen_us")
+    if not isinstance(one, (int, float)):
         return None
-    if not isinstance(row.get("l2gen_us"), (int, float)) or row["l2gen_us"] < SUSTAINED_MIN_US:
-        return None
+    own, base = row.get("sustained_us"), row.get("baseline_sustained_us")
+    if isinstance(own, (int, float)) and own > 0 and isinstance(base, dict):
+        if one < SUSTAINED_BLOCK_MIN_US:
+            return None
+    else:
+        own, base = row.get("batch_us"), row.get("baseline_batch_us")
+        if not isinstance(own, (int, float)) or not isinstance(base, dict) or own <= 0 or one < SUSTAINED_MIN_US:
+            return None
     times = [t for t in base.values() if isinstance(t, (int, float)) and t > 0]
     if not times:
         return None

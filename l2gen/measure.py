@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .timing import ESCAPE_RATIO, MIN_REPS
+from .timing import ESCAPE_RATIO, MIN_REPS, median, time_sustained
 from .session import device_record, session, time_mode
 from .tasks import MeasureTask, failed
 from .worker import Note
@@ -157,6 +157,8 @@ def _measure(task: MeasureTask, note: Note) -> dict:
 
         note({"phase": "time", "runners": list(binders), "rounds": rounds, "mode": protocol.mode})
         per_round: list[dict] = []
+        blocks: dict[str, list[float]] = {}
+        sets: dict = {}
         extras: dict[str, dict] = {}
         copies = [(a, b, c)]
         if protocol.mode == "graph" and binders:
@@ -184,6 +186,11 @@ def _measure(task: MeasureTask, note: Note) -> dict:
                     results[key] = dict(failed(key.split("/", 1)[1], "capture_error", why), relerr=relerrs[key])
         samples = _pool(per_round)
         round_us = {key: [rs[key].median_us for rs in per_round] for key in samples}
+        if task.sustained_us > 0 and protocol.mode == "events" and sets:
+            note({"phase": "sustained", "runners": list(sets), "block_us": task.sustained_us})
+            blocks = time_sustained({key: runners[0] for key, runners in sets.items() if key in samples}, h,
+                                    {key: sample.median_us for key, sample in samples.items()},
+                                    block_us=task.sustained_us)
     finally:
         for buf in owned:
             try:
@@ -208,6 +215,9 @@ def _measure(task: MeasureTask, note: Note) -> dict:
                             "reps": len(sample.event_us), **extras.get(key, {})}
             if rounds > 1:
                 results[key]["round_us"] = round_us[key]
+            if key in blocks:
+                results[key]["sustained_us"] = median(blocks[key])
+                results[key]["sustained_blocks_us"] = blocks[key]
     _finalists(results, f"baseline/{AUTOTUNED}")
     return {
         "status": "ok",

@@ -32,7 +32,7 @@ from .problem import Shape, Status
 from .protocol import Protocol
 from .targets import Gpu
 from .tasks import Candidate, MeasureTask, RunResult, TaskResult
-from .timing import DEFAULT_ROUNDS
+from .timing import DEFAULT_ROUNDS, SUSTAINED_BLOCKS
 
 if TYPE_CHECKING:
     from .build import BuildResult
@@ -184,17 +184,19 @@ def reps_for(shape: Shape, gpu: Gpu, reps: int) -> int:
     return reps * SHORT_REPS_FACTOR if gpu.floor_us(shape.m, shape.n, shape.k) < SHORT_KERNEL_US else reps
 
 
-def task_timeout(shape: Shape, gpu: Gpu, runners: int, protocol: Protocol = Protocol(), reps: int = 50) -> float:
+def task_timeout(shape: Shape, gpu: Gpu, runners: int, protocol: Protocol = Protocol(), reps: int = 50,
+                 sustained_us: float = 0.0) -> float:
     """Seconds a shape's task may take: setup, plus per runner about 70 runs (verify,
     warm-up, timed, escape batch) of a kernel up to 50x slower than the floor, plus
     building the inputs and the reference; in graph mode the replays, in server mode the
-    gaps of its schedule (at least twice their expected length)."""
+    gaps of its schedule (at least twice their expected length); with sustained blocks,
+    three times their length (a block is at least 10 calls)."""
     per_run = 50 * gpu.floor_us(shape.m, shape.n, shape.k) / 1e6
-    extra = 0.0
+    extra = 3.0 * SUSTAINED_BLOCKS * max(sustained_us / 1e6, 10 * per_run) if sustained_us > 0 else 0.0
     if protocol.mode == "graph":
-        extra = GRAPH_REPLAYS * protocol.graph_calls * per_run
+        extra += GRAPH_REPLAYS * protocol.graph_calls * per_run
     elif protocol.mode == "server":
-        extra = reps * (2.0 / protocol.qps + per_run)
+        extra += reps * (2.0 / protocol.qps + per_run)
     return 120.0 + runners * (20.0 + 100 * per_run + extra)
 
 
@@ -221,6 +223,7 @@ class Settings:
     seeds: int | None = None
     reps: int = 50
     rounds: int = DEFAULT_ROUNDS
+    sustained_us: float = 0.0  # > 0: each runner also timed in blocks of this long back to back
 
     def task(self, shape: Shape, candidates: Sequence[Candidate], gpu: Gpu | None) -> tuple[MeasureTask, float | None]:
         """A shape's task and its timeout (None: the worker's). Knowing the GPU, short
@@ -229,9 +232,11 @@ class Settings:
         protocol, reps, timeout = self.protocol, self.reps, None
         if gpu is not None:
             protocol, reps = shape_protocol(self.protocol, shape, gpu), reps_for(shape, gpu, self.reps)
-            timeout = task_timeout(shape, gpu, len(candidates) + len(self.baselines), protocol, reps)
+            timeout = task_timeout(shape, gpu, len(candidates) + len(self.baselines), protocol, reps,
+                                   self.sustained_us)
         return MeasureTask(shape, tuple(candidates), tuple(self.baselines), self.b_layout, protocol, self.shim,
-                           self.probes, self.seeds, reps, rounds=self.rounds), timeout
+                           self.probes, self.seeds, reps, rounds=self.rounds,
+                           sustained_us=self.sustained_us), timeout
 
 
 # ---- measuring through the worker, despite faulty runners -----------------------------
@@ -266,7 +271,7 @@ def measure(worker, task: MeasureTask, timeout: float | None = None) -> TaskResu
             dropped[note["baseline"]] = RunResult.failed(note["baseline"], result.verdict, result.error)
             baselines = [b for b in baselines if b != note["baseline"]]
             continue
-        if note.get("phase") == "time" and len(pending) > 1:
+        if note.get("phase") in ("time", "sustained") and len(pending) > 1:
             for cand in pending:
                 alone = measure(worker, replace(task, candidates=(cand,), baselines=tuple(baselines)), timeout)
                 one = alone.candidates[0] if alone.candidates else RunResult.failed(cand.name, alone.verdict, alone.error)

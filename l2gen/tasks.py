@@ -103,6 +103,7 @@ class MeasureTask:
     reps: int = DEFAULT_REPS
     warmup: int = DEFAULT_WARMUP
     rounds: int = 1
+    sustained_us: float = 0.0  # > 0: also each runner's time per call in blocks this long, back to back
 
     def to_wire(self) -> dict:
         out = {"kind": "measure", "m": self.shape.m, "n": self.shape.n, "k": self.shape.k,
@@ -111,6 +112,8 @@ class MeasureTask:
                "reps": self.reps, "warmup": self.warmup, "rounds": self.rounds, **self.protocol.to_dict()}
         if self.seeds is not None:
             out["seeds"] = self.seeds
+        if self.sustained_us > 0:
+            out["sustained_us"] = self.sustained_us
         return out
 
     @classmethod
@@ -132,7 +135,8 @@ class MeasureTask:
         return cls(Shape(m, n, k), candidates, tuple(d.get("baselines") or ()), d.get("b_layout", "kn"),
                    Protocol.of(d, missing_l2=DEFAULT_L2), d.get("shim"), d.get("probes"),
                    None if seeds is None else int(seeds), int(d.get("reps", DEFAULT_REPS)),
-                   int(d.get("warmup", DEFAULT_WARMUP)), max(1, int(d.get("rounds", 1))))
+                   int(d.get("warmup", DEFAULT_WARMUP)), max(1, int(d.get("rounds", 1))),
+                   max(0.0, float(d.get("sustained_us", 0.0))))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ HOST_BOUND_RATIO = 1.5  # wall must exceed host enqueue time by this to judge es
 REPRO_TOLERANCE = 0.03  # two measurements of one thing agree when within 3 %
 WALL_BATCH_US = 20_000.0  # aim the back-to-back batch at about this much device time
 WALL_CALLS = (10, 200)  # and keep its length within these bounds
+SUSTAINED_BLOCKS = 3  # rotated blocks per runner in a sustained measurement
+SUSTAINED_CALLS = (10, 100_000)  # calls in one block, at least and at most
 
 
 # ---- statistics -----------------------------------------------------------------------
@@ -214,6 +216,49 @@ def round_robin(runners: Mapping[str, Runner], stream: int, flush: Callable[[int
                 except Exception:
                     pass
     return times
+
+
+def sustained_calls(event_median_us: float, block_us: float) -> int:
+    """How many back-to-back calls make one sustained block of about ``block_us``."""
+    lo, hi = SUSTAINED_CALLS
+    if event_median_us <= 0:
+        return lo
+    return max(lo, min(hi, math.ceil(block_us / event_median_us)))
+
+
+def time_sustained(runners: Mapping[str, Runner], stream: int, medians: Mapping[str, float], *,
+                   block_us: float, blocks: int = SUSTAINED_BLOCKS) -> dict[str, list[float]]:
+    """Event time per call (µs) of every runner under sustained load: ``blocks`` rounds, each
+    running every runner's block of back-to-back calls (about ``block_us`` of its one-call
+    ``medians`` time, no flush between calls) in an order rotated by the round, with a
+    device-wide synchronize after each block. A loop of GEMMs holds the GPU at its power
+    cap, where the clock settles lower for a kernel that spends more energy per FLOP; one
+    ~20 ms batch per runner in a fixed order (the escape check's) does not show that
+    reliably, blocks of 100 ms taken in turns do."""
+    from .runtime import Event, synchronize
+
+    names = list(runners)
+    calls = {name: sustained_calls(medians.get(name, 0.0), block_us) for name in names}
+    out: dict[str, list[float]] = {name: [] for name in names}
+    start, end = Event(), Event()
+    try:
+        for i in range(blocks):
+            shift = i % len(names) if names else 0
+            for name in names[shift:] + names[:shift]:
+                run = runners[name]
+                start.record(stream)
+                for _ in range(calls[name]):
+                    run(stream)
+                end.record(stream)
+                synchronize()
+                out[name].append(1000.0 * start.elapsed_ms(end) / calls[name])
+    finally:
+        for event in (start, end):
+            try:
+                event.destroy()
+            except Exception:
+                pass
+    return out
 
 
 def with_escape_check(sample: TimingSample, runner: Runner, stream: int) -> TimingSample:

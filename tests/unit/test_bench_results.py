@@ -454,3 +454,19 @@ def test_a_row_carries_each_back_to_back_batchs_time_per_call():
     assert row["baseline_batch_us"]["cublaslt_autotuned_us"] is None  # it timed no batch
     plain = make_row(Shape(64, 4096, 4096), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), FLOORS)
     assert "batch_us" not in plain and "baseline_batch_us" not in plain
+
+
+def test_row_of_a_run_timed_in_sustained_blocks():
+    """With sustained blocks the row carries the program's and every baseline's back-to-back
+    time per call, and the program's blocks; without them, neither."""
+    base = ok_baselines()
+    for name, b in base.items():
+        b["sustained_us"] = 2.0 * b["time_us"]
+    base["torch_matmul"] = {"status": "wrong", "time_us": 1.0, "error": "bad", "sustained_us": 1.0}
+    cand = {"status": "ok", "time_us": 8.0, "sustained_us": 9.0, "sustained_blocks_us": [8.9, 9.0, 9.4]}
+    row = make_row(Shape(64, 4096, 4096), "p", "", cand, base, FLOORS)
+    assert row["sustained_us"] == 9.0 and row["sustained_blocks_us"] == [8.9, 9.0, 9.4]
+    assert row["baseline_sustained_us"]["cublas_us"] == 2.0 * base["cublas"]["time_us"]
+    assert row["baseline_sustained_us"]["torch_matmul_us"] is None  # a failed baseline has no time
+    plain = make_row(Shape(64, 4096, 4096), "p", "", {"status": "ok", "time_us": 8.0}, ok_baselines(), FLOORS)
+    assert "sustained_us" not in plain and "baseline_sustained_us" not in plain

@@ -597,3 +597,32 @@ def test_import_bench_refuses_a_file_timed_on_another_card_than_it_names(tmp_pat
             db.import_bench(on_h100)
         assert db.count() == 0
         assert db.import_bench(_bench_file(tmp_path, "h200.json", device="NVIDIA H200")) == 144
+
+
+def test_rows_timed_in_sustained_blocks_are_judged_back_to_back_from_twenty_us(tmp_path):
+    """Rotated blocks (bench --sustained) judge a kernel from SUSTAINED_BLOCK_MIN_US by the
+    less favourable of one call and back to back; a shorter one (host-bound blocks) and a
+    row with only the escape check's batch under a millisecond keep their one-call time."""
+    import json
+    from pathlib import Path
+
+    from l2gen.db import SUSTAINED_BLOCK_MIN_US, SUSTAINED_MIN_US, KernelDB
+    from l2gen.problem import Shape
+
+    src = Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-examples-public-run2.json"
+    doc = json.loads(src.read_text())
+    row = next(r for r in doc["rows"] if (r["m"], r["n"], r["k"]) == (2048, 2048, 2048) and r["status"] == "ok")
+    shape = Shape(2048, 2048, 2048)
+    assert SUSTAINED_BLOCK_MIN_US <= 40.0 < SUSTAINED_MIN_US
+    row.update(l2gen_us=40.0, cublas_best_us=42.0, baselines={k: 44.0 for k in row["baselines"]} | {"cublas_us": 42.0})
+    blocks = dict(row, sustained_us=46.0, baseline_sustained_us={k: 44.0 for k in row["baselines"]})
+    batch_only = dict(row, batch_us=46.0, baseline_batch_us={k: 44.0 for k in row["baselines"]})
+    short = dict(blocks, l2gen_us=10.0, cublas_best_us=10.5, sustained_us=30.0)
+    for name, r, expect in (("blocks", blocks, 46.0), ("batch", batch_only, 40.0), ("short", short, 10.0)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(dict(doc, rows=[r])))
+        with KernelDB(tmp_path / f"{name}.db") as db:
+            assert db.import_bench(path) == 1
+            _, speedup, time_us = db.best("h200", shape)
+        assert time_us == pytest.approx(expect), name
+    assert speedup == pytest.approx(10.5 / 10.0)
