@@ -67,7 +67,7 @@ class Comparison:
     def summary(self) -> dict:
         """Counts for each kind of pair: {kind: {"pairs", "within", "max_change"}}."""
         out = {}
-        for kind in ("program", "best", "baseline"):
+        for kind in ("program", "best", "sustained", "baseline"):
             pairs = [p for p in self.pairs if _kind(p) == kind]
             changes = [abs(p.change) for p in pairs if p.change is not None]
             out[kind] = {
@@ -106,6 +106,7 @@ class Comparison:
             worst = f", largest change {100 * s['max_change']:.1f}%" if s["max_change"] is not None else ""
             missing = f", {s['missing']} missing on one side" if s["missing"] else ""
             label = {"best": "per-shape best speedups", "program": "program x shape speedups",
+                     "sustained": "program x shape speedups back to back (sustained blocks)",
                      "baseline": "baseline x shape ratios to cuBLAS-best"}[kind]
             lines.append(f"{s['within']} of {s['pairs']} {label} within {100 * self.tolerance:.0f}%{worst}{missing}")
         lines.append(f"({self.first} -> {self.second})")
@@ -113,12 +114,26 @@ class Comparison:
 
 
 BASELINE_PREFIX = "baseline:"  # a Pair's ``what`` for a baseline's ratio to cuBLAS-best
+SUSTAINED_SUFFIX = " (b2b)"  # a Pair's ``what`` for a program's speedup in sustained blocks
 
 
 def _kind(pair: Pair) -> str:
     if pair.what == "best":
         return "best"
+    if pair.what.endswith(SUSTAINED_SUFFIX):
+        return "sustained"
     return "baseline" if pair.what.startswith(BASELINE_PREFIX) else "program"
+
+
+def sustained_speedup(row: dict) -> float | None:
+    """A bench row's speedup over cuBLAS-best back to back, in sustained blocks (``bench
+    --sustained``): the fastest baseline's time per call there over the program's; None
+    for a row without them."""
+    own = row.get("sustained_us")
+    base = [t for t in (row.get("baseline_sustained_us") or {}).values() if isinstance(t, (int, float)) and t > 0]
+    if not isinstance(own, (int, float)) or own <= 0 or not base:
+        return None
+    return min(base) / own
 
 
 def _shape(row: dict) -> Shape:
@@ -136,6 +151,12 @@ def compare_results(first: dict, second: dict, *, tolerance: float = DEFAULT_TOL
     rows_b = {(_shape(r), r["program"]): r.get("speedup_vs_best") for r in second.get("rows", [])}
     for key in sorted(rows_a.keys() | rows_b.keys()):
         out.pairs.append(Pair(key[0], key[1], rows_a.get(key), rows_b.get(key)))
+    # Back to back, where both runs timed sustained blocks.
+    loop_a = {(_shape(r), r["program"]): sustained_speedup(r) for r in first.get("rows", []) if "sustained_us" in r}
+    loop_b = {(_shape(r), r["program"]): sustained_speedup(r) for r in second.get("rows", []) if "sustained_us" in r}
+    if loop_a and loop_b:
+        for key in sorted(loop_a.keys() | loop_b.keys()):
+            out.pairs.append(Pair(key[0], key[1] + SUSTAINED_SUFFIX, loop_a.get(key), loop_b.get(key)))
     best_a = {_shape(s): s.get("speedup_vs_best") for s in first.get("shapes", [])}
     best_b = {_shape(s): s.get("speedup_vs_best") for s in second.get("shapes", [])}
     for shape in sorted(best_a.keys() | best_b.keys()):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .baselines import BASELINES, result_key
 from .console import Columns, plain
+from .compare import sustained_speedup
 from .protocol import Protocol
 
 # ---- the table and the plot -----------------------------------------------------------
@@ -29,6 +30,9 @@ def table_blocks(results: dict) -> list:
     names = _baseline_names(results)
     head = ["shape", "program", "status", "us", "TFLOP/s", "floor%"]
     head += [f"x{_SHORT.get(n, n)}" for n in names] + ["xbest", "relerr"]
+    loops = any("sustained_us" in r for r in results["rows"])  # bench --sustained
+    if loops:
+        head += ["b2b us", "xbest b2b"]
     body = []
     for r in results["rows"]:
         shape = f"{r['m']}x{r['n']}x{r['k']}"
@@ -39,6 +43,8 @@ def table_blocks(results: dict) -> list:
             b = r["baselines"].get(result_key(n))
             line.append(_fmt(b / t if b and t else None, ".2f"))
         line += [_fmt(r["speedup_vs_best"], ".2f"), _fmt(r["relerr"], ".1e")]
+        if loops:
+            line += [_fmt(r.get("sustained_us"), ".2f"), _fmt(sustained_speedup(r), ".2f")]
         body.append(line)
     out: list = [Columns(head, body, frozenset({0, 1, 2}))]
     failures = [r for r in results["rows"] if r["status"] != "ok" and r.get("error")]

@@ -119,3 +119,19 @@ def test_two_runs_of_the_baselines_alone_compare_their_ratios():
     assert c.ok and c.summary()["baseline"]["pairs"] == 2
     assert "2 of 2 baseline x shape ratios to cuBLAS-best within 3%" in c.table()
     assert not compare_results(run(10.0, 10.5), run(10.0, 12.0)).ok
+
+
+def test_two_runs_timed_in_sustained_blocks_pair_their_back_to_back_speedups_too():
+    def timed(speedup, own, base):
+        return dict(row(64, "x", speedup), sustained_us=own, baseline_sustained_us={"cublas_us": base, "torch_matmul_us": None})
+
+    a = results([timed(1.05, 40.0, 42.0)], [(64, 1.05)])
+    b = results([timed(1.05, 40.0, 38.0)], [(64, 1.05)])  # back to back, cuBLAS got 10% faster
+    c = compare_results(a, b)
+    loop = [p for p in c.pairs if p.what == "x (b2b)"]
+    assert len(loop) == 1 and loop[0].first == pytest.approx(1.05) and loop[0].second == pytest.approx(0.95)
+    assert not c.ok and c.summary()["sustained"]["within"] == 0
+    assert "0 of 1 program x shape speedups back to back" in c.table()
+    assert compare_results(a, a).ok
+    plain = results([row(64, "x", 1.05)], [(64, 1.05)])  # one run without blocks: nothing to pair back to back
+    assert [p.what for p in compare_results(a, plain).pairs] == ["x", "best"]
