@@ -37,7 +37,8 @@ The results file (JSON)::
                blocks for a per-call time under sustained load); with ``sustained`` also
                "sustained_us" and "baseline_sustained_us": {"<baseline>_us": ...}, the
                median event time per call over rotated blocks of that length, back to back
-               (see :func:`l2gen.timing.time_sustained`), and "sustained_blocks_us";
+               over operand copies that exceed the L2 (see
+               :func:`l2gen.timing.time_sustained`), and "sustained_blocks_us";
                in graph or server mode
                "graph" / "server" (that mode's figures: calls, medians and means) and
                "baseline_graph" / "baseline_server" ({"<baseline>_us": {...}})}],

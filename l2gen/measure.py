@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 
-from .timing import ESCAPE_RATIO, MIN_REPS, median, time_sustained
+from .timing import ESCAPE_RATIO, MIN_REPS, SUSTAINED_COPIES, median, time_sustained
 from .session import device_record, session, time_mode
 from .tasks import MeasureTask, failed
 from .worker import Note
@@ -187,8 +187,20 @@ def _measure(task: MeasureTask, note: Note) -> dict:
         samples = _pool(per_round)
         round_us = {key: [rs[key].median_us for rs in per_round] for key in samples}
         if task.sustained_us > 0 and protocol.mode == "events" and sets:
-            note({"phase": "sustained", "runners": list(sets), "block_us": task.sustained_us})
-            blocks = time_sustained({key: runners[0] for key, runners in sets.items() if key in samples}, h,
+            # Back to back over copies of the last round's inputs that together exceed the
+            # L2 (twice over), so no call finds its operands there from the call before.
+            from .modes import rotation_copies
+
+            rotation = [(a, b, c)]
+            want = rotation_copies(2 * (m * k + k * n + m * n), s.info.l2_bytes, SUSTAINED_COPIES)
+            while len(rotation) < want:
+                ca, cb, cc = buffers()
+                ca.buffer.copy_from(a.buffer)
+                cb.buffer.copy_from(b.buffer)
+                rotation.append((ca, cb, cc))
+            note({"phase": "sustained", "runners": list(sets), "block_us": task.sustained_us, "copies": len(rotation)})
+            blocks = time_sustained({key: [bind(*copy) for copy in rotation] for key, bind in binders.items()
+                                     if key in samples}, h,
                                     {key: sample.median_us for key, sample in samples.items()},
                                     block_us=task.sustained_us)
     finally:

@@ -44,6 +44,7 @@ WALL_BATCH_US = 20_000.0  # aim the back-to-back batch at about this much device
 WALL_CALLS = (10, 200)  # and keep its length within these bounds
 SUSTAINED_BLOCKS = 3  # rotated blocks per runner in a sustained measurement
 SUSTAINED_CALLS = (10, 100_000)  # calls in one block, at least and at most
+SUSTAINED_COPIES = 64  # most operand copies a sustained block rotates among
 
 
 # ---- statistics -----------------------------------------------------------------------
@@ -226,15 +227,17 @@ def sustained_calls(event_median_us: float, block_us: float) -> int:
     return max(lo, min(hi, math.ceil(block_us / event_median_us)))
 
 
-def time_sustained(runners: Mapping[str, Runner], stream: int, medians: Mapping[str, float], *,
+def time_sustained(runners: Mapping[str, Sequence[Runner]], stream: int, medians: Mapping[str, float], *,
                    block_us: float, blocks: int = SUSTAINED_BLOCKS) -> dict[str, list[float]]:
     """Event time per call (µs) of every runner under sustained load: ``blocks`` rounds, each
     running every runner's block of back-to-back calls (about ``block_us`` of its one-call
     ``medians`` time, no flush between calls) in an order rotated by the round, with a
-    device-wide synchronize after each block. A loop of GEMMs holds the GPU at its power
-    cap, where the clock settles lower for a kernel that spends more energy per FLOP; one
-    ~20 ms batch per runner in a fixed order (the escape check's) does not show that
-    reliably, blocks of 100 ms taken in turns do."""
+    device-wide synchronize after each block. ``runners[key]`` is one runner per copy of the
+    operands, taken in turn call by call (copies that together exceed the L2 keep each
+    call's inputs out of it, as a model's next layer finds them). A loop of GEMMs holds the
+    GPU at its power cap, where the clock settles lower for a kernel that spends more energy
+    per FLOP; one ~20 ms batch per runner in a fixed order (the escape check's) does not show
+    that reliably, blocks of 100 ms taken in turns do."""
     from .runtime import Event, synchronize
 
     names = list(runners)
@@ -245,10 +248,10 @@ def time_sustained(runners: Mapping[str, Runner], stream: int, medians: Mapping[
         for i in range(blocks):
             shift = i % len(names) if names else 0
             for name in names[shift:] + names[:shift]:
-                run = runners[name]
+                turn = runners[name]
                 start.record(stream)
-                for _ in range(calls[name]):
-                    run(stream)
+                for j in range(calls[name]):
+                    turn[j % len(turn)](stream)
                 end.record(stream)
                 synchronize()
                 out[name].append(1000.0 * start.elapsed_ms(end) / calls[name])

@@ -218,11 +218,11 @@ def test_the_autotuned_baseline_is_the_fastest_finalist_of_the_pooled_timing():
 def test_sustained_blocks_are_rotated_and_about_as_long_as_asked(fake):
     from l2gen.timing import SUSTAINED_CALLS, sustained_calls, time_sustained
 
-    runners = {"a": fake.kernel("a", 10), "b": fake.kernel("b", 40)}
+    runners = {"a": [fake.kernel("a0", 10), fake.kernel("a1", 10)], "b": [fake.kernel("b", 40)]}
     blocks = time_sustained(runners, 0, {"a": 10.0, "b": 40.0}, block_us=400.0, blocks=3)
     assert blocks == {"a": [10.0] * 3, "b": [40.0] * 3}  # event time per call in each block
-    assert fake.log[:40] == ["a"] * 40 and fake.log[40:50] == ["b"] * 10  # 400 us of each
-    assert fake.log[50:60] == ["b"] * 10 and fake.log[60:100] == ["a"] * 40  # the next block rotated
+    assert fake.log[:40] == ["a0", "a1"] * 20 and fake.log[40:50] == ["b"] * 10  # 400 us of each, copies in turn
+    assert fake.log[50:60] == ["b"] * 10 and fake.log[60:100] == ["a0", "a1"] * 20  # the next block rotated
     assert "flush" not in fake.log  # back to back: no flush between calls
     assert sustained_calls(0.001, 1e5) == SUSTAINED_CALLS[1] and sustained_calls(5e4, 1e5) == SUSTAINED_CALLS[0]
     assert sustained_calls(0.0, 1e5) == SUSTAINED_CALLS[0]
