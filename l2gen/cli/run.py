@@ -381,7 +381,7 @@ def add_commands(sub) -> None:
     p.add_argument("--seeds", type=at_least(1), default=3, help="input sets verified per program")
     p.add_argument("--sustained", type=positive_float, default=None, metavar="MS",
                    help="also time every program and baseline back to back, in rotated blocks of MS milliseconds "
-                        "(3 each; 100 is enough for clocks and power to settle): the time per call a model's loop of "
+                        "(6 each; 100 is enough for clocks and power to settle): the time per call a model's loop of "
                         "GEMMs sees; 'l2gen db import-bench' then judges rows from 20 us by it")
     p.add_argument("-j", "--jobs", type=at_least(1), default=None, help="parallel nvcc jobs")
     p.add_argument("-o", "--out", default="bench-results.json")

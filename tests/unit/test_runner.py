@@ -234,10 +234,12 @@ def test_a_shapes_task_takes_the_runs_settings_and_the_shapes_size():
     assert big.reps == 50 and big.protocol.graph_calls < 100 and big_timeout > timeout
     plain, none = settings.task(Shape(64, 64, 64), [cand], None)  # no GPU record: the settings as they are
     assert plain.reps == 50 and none is None
-    blocks = Settings(("cublas",), reps=50, rounds=1, sustained_us=1e5)  # 100 ms blocks, three per runner
+    from l2gen.timing import SUSTAINED_BLOCKS
+
+    blocks = Settings(("cublas",), reps=50, rounds=1, sustained_us=1e5)  # 100 ms blocks
     task, longer = blocks.task(Shape(64, 64, 64), [cand], H200)
     without = Settings(("cublas",), reps=50, rounds=1).task(Shape(64, 64, 64), [cand], H200)[1]
-    assert task.sustained_us == 1e5 and longer - without == pytest.approx(2 * 3 * 3 * 0.1)  # 2 runners, 3x their blocks
+    assert task.sustained_us == 1e5 and longer - without == pytest.approx(2 * 3 * SUSTAINED_BLOCKS * 0.1)  # 2 runners, 3x their blocks
     assert MeasureTask.from_wire(task.to_wire()) == task
     assert "sustained_us" not in plain.to_wire()
 
