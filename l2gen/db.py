@@ -58,10 +58,12 @@ SCHEMA_VERSION = 3  # 2: measurements.l2, meta 'l2'; 3: measurements.fallback_us
 # favourable of that and one call at a time: past a millisecond a loop of them holds the GPU
 # at its power cap, where one call at a time does not (16384^3 on the H200: 1.11x
 # torch.matmul one call at a time, 0.93x back to back). Not shorter ones: a bench row's
-# back-to-back figure is one ~20 ms batch, whose clock depends on what ran before it. At
-# 2048x3584x3584 on an H100 such batches put l2gen's winner at 0.88x torch.matmul, while
-# rotated 160 ms blocks (bench/probe.py --sustained, six each) put it at 1.05x, both at
-# the same ~1.5 GHz and ~690 W (bench/results/2026-12-06-h100-probe-power-e05584b.txt).
+# back-to-back figure is one ~20 ms batch on one set of buffers, whose clock depends on what
+# ran before it and whose operands may sit in the L2 from the call before. At 2048x3584x3584
+# on an H100 such batches put l2gen's winner at 0.88x torch.matmul, rotated 160 ms blocks
+# on one set of buffers (bench/probe.py --sustained) at 1.05x, and bench --sustained's
+# blocks over operand copies that exceed the L2 at 0.96x (one run, three blocks:
+# bench/results/2026-12-06-h100-sustained-rot-1e173cc.json).
 SUSTAINED_MIN_US = 1000.0
 # A row timed in rotated blocks (l2gen bench --sustained) is judged back to back from this
 # long: below it a block of calls is bound by the host's launch rate, not the kernel.
