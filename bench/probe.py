@@ -97,7 +97,9 @@ def main() -> int:
     ap.add_argument("--sustained", type=int, default=0, metavar="CALLS",
                     help="also time CALLS calls back to back per setting, in --reps rotated blocks: the per-call time "
                          "under sustained load (clocks and power as a loop of large GEMMs leaves them), with the "
-                         "median SM clock and board power nvidia-smi sampled during each setting's blocks")
+                         "median SM clock and board power nvidia-smi sampled during each setting's blocks; on one "
+                         "set of buffers, so operands that fit in the L2 stay there between calls (l2gen bench "
+                         "--sustained rotates copies that exceed it)")
     ap.add_argument("--no-verify", action="store_true",
                     help="time settings whose result is wrong too (builds that skip work on purpose)")
     args = ap.parse_args()
