@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .baselines import cublas_best
 from .console import Columns, plain
 from .protocol import Protocol, require_comparable
 from .problem import Shape, program_key
@@ -130,10 +131,10 @@ def sustained_speedup(row: dict) -> float | None:
     --sustained``): the fastest baseline's time per call there over the program's; None
     for a row without them."""
     own = row.get("sustained_us")
-    base = [t for t in (row.get("baseline_sustained_us") or {}).values() if isinstance(t, (int, float)) and t > 0]
-    if not isinstance(own, (int, float)) or own <= 0 or not base:
+    best = cublas_best(row.get("baseline_sustained_us") or {})
+    if not isinstance(own, (int, float)) or own <= 0 or not best:
         return None
-    return min(base) / own
+    return best / own
 
 
 def _shape(row: dict) -> Shape:

@@ -155,21 +155,26 @@ def _measure(task: MeasureTask, note: Note) -> dict:
             if key in relerrs:
                 binders[key] = bind
 
-        note({"phase": "time", "runners": list(binders), "rounds": rounds, "mode": protocol.mode})
-        per_round: list[dict] = []
-        blocks: dict[str, list[float]] = {}
-        sets: dict = {}
-        extras: dict[str, dict] = {}
-        copies = [(a, b, c)]
-        if protocol.mode == "graph" and binders:
+        def rotation(a, b, c, most: int) -> list:
+            """``(a, b, c)`` and copies of its inputs at other addresses, as many as
+            :func:`l2gen.modes.rotation_copies` says keep each call's operands out of the
+            L2 from one use to the next, at most ``most``."""
             from .modes import rotation_copies
 
-            want = rotation_copies(2 * (m * k + k * n + m * n), s.info.l2_bytes, protocol.graph_calls)
-            while len(copies) < want:  # the verified inputs, at other addresses
+            out = [(a, b, c)]
+            want = rotation_copies(2 * (m * k + k * n + m * n), s.info.l2_bytes, most)
+            while len(out) < want:
                 ca, cb, cc = buffers()
                 ca.buffer.copy_from(a.buffer)
                 cb.buffer.copy_from(b.buffer)
-                copies.append((ca, cb, cc))
+                out.append((ca, cb, cc))
+            return out
+
+        note({"phase": "time", "runners": list(binders), "rounds": rounds, "mode": protocol.mode})
+        per_round: list[dict] = []
+        blocks: dict[str, list[float]] = {}
+        extras: dict[str, dict] = {}
+        copies = rotation(a, b, c, protocol.graph_calls) if protocol.mode == "graph" and binders else [(a, b, c)]
         for r in range(rounds):
             if r:  # fresh buffers; the earlier ones stay allocated, so these land elsewhere
                 a, b, c = buffers()
@@ -186,23 +191,14 @@ def _measure(task: MeasureTask, note: Note) -> dict:
                     results[key] = dict(failed(key.split("/", 1)[1], "capture_error", why), relerr=relerrs[key])
         samples = _pool(per_round)
         round_us = {key: [rs[key].median_us for rs in per_round] for key in samples}
-        if task.sustained_us > 0 and protocol.mode == "events" and sets:
-            # Back to back over copies of the last round's inputs that together exceed the
-            # L2 (twice over), so no call finds its operands there from the call before.
-            from .modes import rotation_copies
-
-            rotation = [(a, b, c)]
-            want = rotation_copies(2 * (m * k + k * n + m * n), s.info.l2_bytes, SUSTAINED_COPIES)
-            while len(rotation) < want:
-                ca, cb, cc = buffers()
-                ca.buffer.copy_from(a.buffer)
-                cb.buffer.copy_from(b.buffer)
-                rotation.append((ca, cb, cc))
-            note({"phase": "sustained", "runners": list(sets), "block_us": task.sustained_us, "copies": len(rotation)})
-            blocks = time_sustained({key: [bind(*copy) for copy in rotation] for key, bind in binders.items()
-                                     if key in samples}, h,
-                                    {key: sample.median_us for key, sample in samples.items()},
-                                    block_us=task.sustained_us)
+        looped = [key for key in binders if key in samples]
+        if task.sustained_us > 0 and protocol.mode == "events" and looped:
+            # Back to back over copies of the last round's inputs, so no call finds its
+            # operands in the L2 from the call before.
+            turns = rotation(a, b, c, SUSTAINED_COPIES)
+            note({"phase": "sustained", "runners": looped, "block_us": task.sustained_us, "copies": len(turns)})
+            blocks = time_sustained({key: [binders[key](*copy) for copy in turns] for key in looped}, h,
+                                    {key: samples[key].median_us for key in looped}, block_us=task.sustained_us)
     finally:
         for buf in owned:
             try:
