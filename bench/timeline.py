@@ -4,8 +4,9 @@ The program is built a second time with ``-DL2GEN_TRACE`` (its own cache entry; 
 build is untouched), which makes each block write ``%globaltimer`` and ``%clock64`` at six
 points of its life: entry, its first TMA load issued, its first stage full (the first
 tile's latency), the end of its mainloop, the end of its reduction (split K), the end of
-its stores. Each launch runs after a read pass over 256 MiB (L2 cold and clean, as
-``l2gen bench`` times it), on fresh inputs, verified once, between two one-thread kernels
+its stores; and, in %clock64 cycles, how long its first unit's math waited for full stages
+(the data late) and its loads for free ones (the math late). Each launch runs after a read
+pass over 256 MiB (L2 cold and clean, as ``l2gen bench`` times it), on fresh inputs, verified once, between two one-thread kernels
 that stamp %globaltimer: ``life`` is the time between them, the GEMM's whole time on the
 device (launch and drain included; the same markers around torch.matmul give its
 ``life`` on the first line, and around empty grids launched as a GEMM is, 384 threads a
@@ -15,7 +16,8 @@ last store), the lead (first marker to first block entry) and tail (last stamp t
 marker) that make up the rest, and, over blocks, the median and maximum of each phase, in
 microseconds (the median launch of ``--reps``); then the mainloop's clock (%clock64 against
 %globaltimer) and its cycles a K tile and FLOP a cycle per SM (an H100's or H200's tensor
-cores peak at 4096 dense fp16 FLOP a cycle per SM).
+cores peak at 4096 dense fp16 FLOP a cycle per SM), and the median over blocks of the two
+waits as shares of the mainloop.
 
     python bench/timeline.py PROGRAM.l2 [...] --shape 1024x256x4096 --splits 1,2,4,8
     python bench/timeline.py PROGRAM.l2 --shape ... --json out.json   # every block, every rep
@@ -52,7 +54,8 @@ PHASES = (  # (name, from point, to point)
     ("reduce", "mainloop", "reduced"),
     ("store", "reduced", "stored"),
 )
-SLOTS = 2 * len(POINTS) + 2
+WAITS = ("full_wait", "empty_wait")  # cycles of the first unit's mainloop: data late, math late
+SLOTS = 2 * len(POINTS) + 2 + len(WAITS)
 MAX_BLOCKS = 4096  # kTraceBlocks in templates/sm90_l2gen_gemm.cu.j2
 
 
@@ -66,11 +69,12 @@ def blocks_of(raw, n: int) -> list[dict]:
     out = []
     for b in range(n):
         row = raw[b * SLOTS:(b + 1) * SLOTS]
-        if not row[SLOTS - 1]:
+        if not row[2 * len(POINTS) + 1]:
             continue  # never ran (or over kTraceBlocks)
         ns = {p: row[i] for i, p in enumerate(POINTS) if row[i]}
         cycles = {p: row[len(POINTS) + i] for i, p in enumerate(POINTS) if row[len(POINTS) + i]}
-        out.append({"block": b, "sm": int(row[2 * len(POINTS)]), "ns": ns, "cycles": cycles})
+        waits = {w: row[2 * len(POINTS) + 2 + i] for i, w in enumerate(WAITS)}
+        out.append({"block": b, "sm": int(row[2 * len(POINTS)]), "ns": ns, "cycles": cycles, "waits": waits})
     return out
 
 
@@ -90,8 +94,16 @@ def phases(blocks: list[dict]) -> dict:
             for b in blocks if {"mainloop", "first_full"} <= b["cycles"].keys() & b["ns"].keys()]
     cycles = statistics.median(c for c, _ in loop) if loop else 0.0
     mhz = statistics.median(1e3 * c / ns for c, ns in loop if ns > 0) if loop else 0.0
+    # Each wait as a share of its block's mainloop cycles: the median over blocks.
+    waited = {}
+    for w in WAITS:
+        shares = [b["waits"][w] / (b["cycles"]["mainloop"] - b["cycles"]["first_full"]) for b in blocks
+                  if {"mainloop", "first_full"} <= b["cycles"].keys()
+                  and b["cycles"]["mainloop"] > b["cycles"]["first_full"]]
+        if shares:
+            waited[w] = statistics.median(shares)
     return {"span_us": (end - t0) / 1e3, "blocks": len(blocks), "phases": stats, "t0_ns": t0, "end_ns": end,
-            "mainloop_cycles": cycles, "mainloop_mhz": mhz}
+            "mainloop_cycles": cycles, "mainloop_mhz": mhz, "waited": waited}
 
 
 def main() -> int:
@@ -215,8 +227,11 @@ def main() -> int:
             k_tiles = -(-k // (tk * s))
             if summary["mainloop_cycles"]:
                 per_tile = summary["mainloop_cycles"] / k_tiles
+                waited = summary["waited"]
                 print(f"{'':40s} mainloop at {summary['mainloop_mhz']:.0f} MHz: {per_tile:.0f} cycles a K tile, "
-                      f"{2 * tm * tn * tk / per_tile:.0f} FLOP a cycle")
+                      f"{2 * tm * tn * tk / per_tile:.0f} FLOP a cycle; of its cycles, the math waited "
+                      f"{100 * waited.get('full_wait', 0):.0f}% for data, the loads "
+                      f"{100 * waited.get('empty_wait', 0):.0f}% for free stages")
             dump.append({"program": label, "shape": [m, n, k], "splits": s,
                          "reps": [{"summary": r[0], "blocks": r[1]} for r in reps]})
     if args.json:

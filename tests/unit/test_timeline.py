@@ -1,0 +1,39 @@
+"""bench/timeline.py's reading of the trace: which blocks ran, their phases, and the two waits
+of their first unit as shares of its mainloop."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.bench_scripts import load
+
+pytest.importorskip("torch")
+timeline = load("timeline")
+
+
+def row(entry_ns: int, cycles0: int, loop_cycles: int, full: int, empty: int, sm: int) -> list[int]:
+    """One block's trace as the kernel writes it: ns of each point, cycles of each, its SM,
+    "ran", then its waits."""
+    n = len(timeline.POINTS)
+    ns = [entry_ns + 1000 * i for i in range(n)]
+    cycles = [cycles0 + 2000 * i for i in range(n)]
+    at = timeline.POINTS.index
+    cycles[at("mainloop")] = cycles[at("first_full")] + loop_cycles
+    return ns + cycles + [sm, 1, full, empty]
+
+
+def test_blocks_that_never_ran_are_left_out_and_waits_are_shares_of_the_mainloop():
+    rows = [row(10_000, 0, 10_000, 2_500, 100, sm=3), [0] * timeline.SLOTS,
+            row(10_500, 50, 20_000, 10_000, 0, sm=7)]
+    raw = [v for r in rows for v in r]
+    assert len(raw) == 3 * timeline.SLOTS
+    blocks = timeline.blocks_of(raw, 3)
+    assert [b["block"] for b in blocks] == [0, 2]
+    assert [b["sm"] for b in blocks] == [3, 7]
+    assert blocks[1]["waits"] == {"full_wait": 10_000, "empty_wait": 0}
+    summary = timeline.phases(blocks)
+    # full: 25% and 50% of the mainloop's cycles; empty: 1% and 0%: medians of two blocks
+    assert summary["waited"]["full_wait"] == pytest.approx(0.375)
+    assert summary["waited"]["empty_wait"] == pytest.approx(0.005)
+    assert summary["blocks"] == 2
+    assert summary["phases"]["start"] == (0.25, 0.5)
