@@ -68,7 +68,7 @@ SUSTAINED_MIN_US = 1000.0
 # A row timed in rotated blocks (l2gen bench --sustained) is judged back to back from this
 # long: below it a block of calls is bound by the host's launch rate, not the kernel.
 SUSTAINED_BLOCK_MIN_US = 20.0
-LOOP_POLICY = "bench-loop"  # a bench row's back-to-back times, beside its one-call row
+LOOP_POLICY = "bench-loop"  # a row's back-to-back times, beside its one-call row (bench or tune)
 FORMAT = "l2gen-kernel-db"  # also meta 'format': what marks an SQLite file as ours
 DEFAULT_DB = "l2gen-kernels.db"  # tune's and db's default
 SIMULATED_DB = "l2gen-kernels-simulated.db"  # tune --simulate's default: never beside measured rows
@@ -512,8 +512,8 @@ class KernelDB:
         try:
             conn.execute("BEGIN IMMEDIATE")  # take the write lock before reading what decides the insert
             try:
-                if budget is not None:
-                    where = "gpu = ? AND l2 = ? AND m = ? AND n = ? AND k = ?"
+                if budget is not None:  # (a program's back-to-back row is not a candidate of its own)
+                    where = f"gpu = ? AND l2 = ? AND m = ? AND n = ? AND k = ? AND policy != '{LOOP_POLICY}'"
                     shape = (name, m.l2, m.shape.m, m.shape.n, m.shape.k)
                     if per_layout:  # the layout is a line of the canonical text
                         texts = conn.execute(f"SELECT program_text FROM measurements WHERE {where}", shape).fetchall()
@@ -807,12 +807,30 @@ class KernelDB:
                             relerr=row.get("relerr"), error=row.get("error"), l2=protocol.l2,
                             fallback_us=_positive(fallback))
             self.add(m, gpu, "bench", env)
-            loop = _sustained(row) if status == "ok" and time_us and baseline_us else None
-            if loop is not None and _less_favourable(loop, (time_us, baseline_us, fallback)):
-                own, best, torch_us = loop
-                self.add(replace(m, time_us=own, baseline_us=best, fallback_us=_positive(torch_us)), gpu, LOOP_POLICY, env)
+            self._judge_back_to_back(m, _sustained(row), gpu, env)
             added += 1
         return added
+
+    def add_back_to_back(self, measurement: Measurement, gpu: Gpu | str, env: dict | None) -> bool:
+        """Judge a stored measurement timed back to back in rotated blocks too
+        (``measurement.sustained``, ``l2gen tune --sustained``) as :meth:`import_bench` judges
+        a bench row of such a run: from :data:`SUSTAINED_BLOCK_MIN_US` on, where either of its
+        speedups is lower back to back, those times are added (policy :data:`LOOP_POLICY`) and
+        rank and serve the program. Returns whether a row was added."""
+        loop = measurement.sustained
+        if loop is None or not measurement.time_us or measurement.time_us < SUSTAINED_BLOCK_MIN_US:
+            return False
+        return self._judge_back_to_back(measurement, loop, gpu, env)
+
+    def _judge_back_to_back(self, m: Measurement, loop: tuple | None, gpu: Gpu | str, env: dict | None) -> bool:
+        if loop is None or m.status != "ok" or not m.time_us or not m.baseline_us:
+            return False
+        own, best, torch_us = loop
+        if not (_positive(own) and _positive(best)) or not _less_favourable(loop, (m.time_us, m.baseline_us, m.fallback_us)):
+            return False
+        self.add(replace(m, time_us=float(own), baseline_us=float(best), fallback_us=_positive(torch_us), sustained=None),
+                 gpu, LOOP_POLICY, env)
+        return True
 
 
 def _positive(us) -> float | None:

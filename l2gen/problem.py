@@ -87,7 +87,10 @@ class Measurement:
 
     ``status`` is one of :data:`STATUSES` (see :class:`Status`). ``time_us`` and
     ``speedup`` are None unless ok. ``l2`` is the L2 protocol it was timed under
-    (:mod:`l2gen.protocol`).
+    (:mod:`l2gen.protocol`). ``sustained``: where the run also timed calls back to back in
+    rotated blocks (``--sustained``), the program's, cuBLAS-best's and torch.matmul's time
+    per call there (µs; torch None if it did not run); the database judges a program by the
+    less favourable of that and one call at a time (:meth:`l2gen.db.KernelDB.add_back_to_back`).
     """
 
     shape: Shape
@@ -99,6 +102,7 @@ class Measurement:
     error: str | None = None
     l2: str = DEFAULT_L2
     fallback_us: float | None = None  # torch.matmul for the shape (the dispatcher's fallback), same run
+    sustained: tuple[float, float, float | None] | None = None  # back to back: program, cuBLAS-best, torch µs
 
     @property
     def speedup(self) -> float | None:

@@ -10,7 +10,7 @@ from .model import add_model_options
 from ..protocol import DEFAULT_L2, L2_PROTOCOLS
 from ..targets import is_card
 from ..timing import DEFAULT_ROUNDS, MIN_REPS
-from ..validate import at_least, fraction, gemm_shape, output_file, write_atomic
+from ..validate import at_least, fraction, gemm_shape, output_file, positive_float, write_atomic
 
 
 def _learned_model(args):
@@ -138,7 +138,7 @@ def _evaluator(args):
         raise fail("E-PROBES", f"cannot build the timing probes: {exc}") from None
     progress = (lambda d, t, r: eprint(f"  [build {d}/{t}] {r.source.program.name}: {'ok' if r.ok else 'FAILED'}")) if args.verbose else None
     runner = worker_runner(Worker(), shim=shim, b_layout=args.b_layout, gpu=args.gpu, reps=args.reps, rounds=args.rounds, l2=args.l2,
-                           probes=probes)
+                           probes=probes, sustained_ms=args.sustained or 0.0)
     from ..db import collect_env
 
     env = {**collect_env(), **measured_on(args.gpu)}
@@ -157,6 +157,9 @@ def cmd_tune(args, shapes_of, layout_of) -> int:
         why = unserved(shape)
         if why:
             raise fail("E-TUNE", f"cannot tune {shape}: {why}")
+    if args.simulate and args.sustained:
+        raise usage("E-USAGE", "--sustained times calls back to back on a GPU; the analytic model (--simulate) has no "
+                               "back-to-back time")
     if args.db is None:  # simulated rows never land beside measured ones
         args.db = SIMULATED_DB if args.simulate else DEFAULT_DB
     for option, path in (("--curves", args.curves), ("--policy-state", args.policy_state)):
@@ -355,6 +358,10 @@ def add_commands(sub, shapes_of, layout_of) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reps", type=at_least(MIN_REPS), default=50, help="timed runs per median and round")
     p.add_argument("--rounds", type=at_least(1), default=DEFAULT_ROUNDS, help="timing rounds, each on fresh buffers (as l2gen bench)")
+    p.add_argument("--sustained", type=positive_float, default=None, metavar="MS",
+                   help="also time every candidate and baseline back to back, in 6 rotated blocks of MS milliseconds "
+                        "(as l2gen bench --sustained); a candidate of 20 us or more is then judged by the less "
+                        "favourable of one call at a time and back to back")
     p.add_argument("--l2", choices=L2_PROTOCOLS, default=DEFAULT_L2,
                    help="the L2 before each timed run: clean (read pass over 4x the L2: as in a model, the default), "
                    "dirty (a written flush, as before), warm (none); a database holds one"),

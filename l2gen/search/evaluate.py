@@ -149,13 +149,15 @@ def _from_row(shape: Shape, program: Program, row: dict) -> Measurement:
     if status == "ok" and not (time_us and time_us > 0 and row.get("baseline_us")):
         return Measurement(shape, program, "run_error", relerr=row.get("relerr"), error="worker said ok but gave no time or baseline")
     fallback = row.get("fallback_us")
+    loop = row.get("sustained") if status == "ok" else None
     return Measurement(shape, program, status, time_us=time_us if status == "ok" else None, baseline_us=row.get("baseline_us"),
                        relerr=row.get("relerr"), error=row.get("error"),
-                       fallback_us=fallback if status == "ok" and isinstance(fallback, (int, float)) and fallback > 0 else None)
+                       fallback_us=fallback if status == "ok" and isinstance(fallback, (int, float)) and fallback > 0 else None,
+                       sustained=tuple(loop) if loop else None)
 
 
 def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str | None = None, b_layout: str = "kn", seeds: int | None = None, reps: int = 50, rounds: int = DEFAULT_ROUNDS, gpu: Gpu | None = None,
-                  l2: str = DEFAULT_L2, probes: str | None = None) -> RunCandidates:
+                  l2: str = DEFAULT_L2, probes: str | None = None, sustained_ms: float = 0.0) -> RunCandidates:
     """A ``run_candidates`` for :class:`DeviceEvaluator` over :func:`l2gen.runner.measure`;
     safe to call from several threads (calls take turns on the worker).
 
@@ -165,14 +167,16 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
     per median as ``l2gen bench`` takes when ``gpu`` is given. ``baseline_us`` is the
     fastest baseline that verified (per candidate, when the worker had to re-run one
     alone). A candidate whose work escaped the timed stream, or with no baseline time to
-    compare, is a ``run_error``.
+    compare, is a ``run_error``. ``sustained_ms`` > 0: every runner is also timed back to
+    back in rotated blocks of that long (as ``l2gen bench --sustained``), and each row gets
+    ``sustained``: the program's, cuBLAS-best's and torch.matmul's time per call there.
     """
     from ..baselines import BASELINES, cublas_best
     from ..lower import build_key
     from ..tasks import Candidate
 
     settings = Settings(tuple(baselines if baselines is not None else BASELINES), b_layout, Timing("events", l2),
-                        shim, probes, seeds, reps, rounds)
+                        shim, probes, seeds, reps, rounds, 1000.0 * sustained_ms)
     gpu_lock = threading.Lock()  # one worker, one GPU: shapes tuned in parallel take turns
 
     def best_of(results) -> float | None:
@@ -181,6 +185,15 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
     def fallback_of(results) -> float | None:  # torch.matmul, what an unserved call runs
         r = results.get("torch_matmul")
         return r.time_us if r is not None and r.ok else None
+
+    def back_to_back(cand, results) -> tuple | None:  # (program, cuBLAS-best, torch.matmul) in sustained blocks
+        def per_call(r):
+            t = r.figures.get("sustained_us") if r is not None and r.ok else None
+            return float(t) if isinstance(t, (int, float)) and t > 0 else None
+
+        own = per_call(cand)
+        best = cublas_best({name: per_call(r) for name, r in results.items()})
+        return (own, best, per_call(results.get("torch_matmul"))) if own and best else None
 
     def run(shape: Shape, candidates: list) -> list[dict]:
         names = candidate_names([program for _, _, program, _ in candidates])
@@ -197,7 +210,7 @@ def worker_runner(worker, *, baselines: Sequence[str] | None = None, shim: str |
             if status == "ok" and base is None:
                 status, error = "run_error", "no cuBLAS baseline verified and timed in this run"
             rows.append({"status": status, "time_us": cand.time_us, "baseline_us": base, "fallback_us": fallback_of(results),
-                         "relerr": cand.relerr, "error": error})
+                         "relerr": cand.relerr, "error": error, "sustained": back_to_back(cand, results)})
         return rows
 
     return run

@@ -247,12 +247,17 @@ class _ShapeRun:
     def _store(self, m: Measurement) -> bool:
         """Persist one measurement; False if the database already had it (or the shape's
         budget was filled) by another run on it. Plain ``add`` for a database without
-        ``add_new`` (a test double)."""
+        ``add_new`` (a test double). A measurement also timed back to back is judged there
+        too (:meth:`l2gen.db.KernelDB.add_back_to_back`)."""
         add_new = getattr(self.db, "add_new", None)
         if add_new is None:
             self.db.add(m, self.gpu, self.policy.name, self.env)
             return True
-        return add_new(m, self.gpu, self.policy.name, self.env, budget=self.budget, per_layout=True) is not None
+        if add_new(m, self.gpu, self.policy.name, self.env, budget=self.budget, per_layout=True) is None:
+            return False
+        if m.sustained is not None:  # timed back to back too (tune --sustained): judged by the worse of the two
+            self.db.add_back_to_back(m, self.gpu, self.env)
+        return True
 
     def __call__(self, shape: Shape, result: ShapeResult) -> None:
         policy, db, gpu, batch, budget, say, lock = self.policy, self.db, self.gpu, self.batch, self.budget, self.say, self.lock

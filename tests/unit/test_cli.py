@@ -100,6 +100,9 @@ def test_tune_bad_input_is_a_clear_error(tmp_path, capsys):
     garbage = write(tmp_path, "bad.db", "this is not sqlite" * 100)
     assert main(["tune", "--shape", "64x64x64", "--simulate", "--db", garbage]) == 1
     assert "E-DB" in capsys.readouterr().err
+    db = tmp_path / "never.db"
+    assert main(["tune", "--shape", "64x64x64", "--simulate", "--sustained", "50", "--db", str(db)]) == 2
+    assert "back to back on a GPU" in capsys.readouterr().err and not db.exists()
 
 
 def test_tune_simulated_then_db_show_and_export(tmp_path, capsys):

@@ -663,6 +663,56 @@ def test_worker_runner_asks_for_its_protocol(tmp_path):
     assert (tasks[0]["l2"], tasks[0]["mode"], tasks[0]["probes"]) == ("dirty", "events", "/fake/probes.so")
 
 
+def test_worker_runner_times_back_to_back_when_asked():
+    """tune --sustained: the task asks for rotated blocks, and each row carries the program's,
+    cuBLAS-best's and torch.matmul's time per call in them."""
+    from l2gen.search.evaluate import worker_runner
+
+    tasks = []
+
+    class Recorder:
+        def run(self, task, timeout=None):
+            tasks.append(task)
+            b2b = (lambda us: {"sustained_us": us}) if task.get("sustained_us") else (lambda us: {})
+            return {"status": "ok", "candidates": [{"name": c["name"], "status": "ok", "time_us": 30.0, "relerr": 1e-4,
+                                                    **b2b(33.0)} for c in task["candidates"]],
+                    "baselines": {"cublas": {"status": "ok", "time_us": 31.0, **b2b(30.5)},
+                                  "cublaslt_heuristic": {"status": "ok", "time_us": 32.0, **b2b(29.0)},
+                                  "torch_matmul": {"status": "ok", "time_us": 31.5, **b2b(31.0)}}}
+
+    run = worker_runner(Recorder(), baselines=["cublas", "cublaslt_heuristic", "torch_matmul"], sustained_ms=25)
+    rows = run(Shape(256, 4096, 4096), [("/x.so", "e", sm90(128, 128), Knobs())])
+    assert tasks[0]["sustained_us"] == 25_000.0
+    assert rows[0]["sustained"] == (33.0, 29.0, 31.0)
+    plain = worker_runner(Recorder(), baselines=["cublas"])(Shape(256, 4096, 4096), [("/x.so", "e", sm90(128, 128), Knobs())])
+    assert not tasks[1].get("sustained_us") and plain[0]["sustained"] is None
+
+
+def test_a_tune_timed_back_to_back_serves_by_the_worse_of_the_two(tmp_path):
+    """Each candidate's back-to-back row lands beside its one-call row where it is less
+    favourable (from 20 us), takes none of the shape's budget, and ranks the program."""
+    from l2gen.db import LOOP_POLICY
+
+    def run_candidates(shape, candidates):  # faster one call at a time, slower back to back
+        return [{"status": "ok", "time_us": 40.0 + i, "baseline_us": 44.0, "fallback_us": 45.0, "relerr": 1e-4,
+                 "sustained": (46.0 + i, 42.0, 43.0)} for i, _ in enumerate(candidates)]
+
+    shape = Shape(256, 4096, 4096)
+    ev = DeviceEvaluator(H200, run_candidates, build_many=_FakeBuild(), env={})
+    with KernelDB(tmp_path / "k.db") as db:
+        tune([shape], RandomPolicy(H200, seed=0), ev, db, budget=4, batch=2, gpu=H200, progress=False)
+        policies = [p for (p,) in db._conn().execute("SELECT policy FROM measurements ORDER BY id")]
+        assert policies.count(LOOP_POLICY) == 4 and len(policies) == 8  # the budget counts candidates only
+        assert len(db.history(H200, shape, loops=False)) == 4
+        program, speedup, time_us = db.best(H200, shape)
+        assert speedup == pytest.approx(42.0 / 46.0) and time_us == 46.0  # judged back to back, not 44 / 40
+        short = Measurement(Shape(16, 1024, 1024), program, "ok", time_us=10.0, baseline_us=11.0, sustained=(12.0, 11.0, None))
+        db.add(short, H200, "random", {})
+        assert not db.add_back_to_back(short, H200, {})  # below 20 us a block is bound by the launches
+        better = Measurement(Shape(16, 4096, 4096), program, "ok", time_us=30.0, baseline_us=31.0, sustained=(29.0, 31.0, None))
+        assert not db.add_back_to_back(better, H200, {})  # not less favourable back to back: nothing to add
+
+
 def test_a_slot_with_a_prior_starts_at_it_fresh_and_in_a_policy_saved_before_it(tmp_path):
     """grid 0 is drawn with PRIOR_SHARE in every shape by a policy that has learned nothing
     of the slot: a fresh one, and the shipped one, saved before the slot existed."""
