@@ -25,6 +25,14 @@ spreads that over all three):
 - **enqueue**: host time spent inside the calls of that loop, per call (the part of the wall
   time the dispatcher adds in Python).
 
+With ``rotate`` the wall-time loops take turns over copies of A and B at other addresses,
+as many as keep each copy's operands out of the L2 between its uses
+(:func:`l2gen.modes.rotation_copies`, at most the loop's calls): what a model's layers see,
+each reading its own weights, where one set of operands called again and again would sit
+in the L2 from the call before (and a kernel tuned with the L2 cold would be timed warm).
+Each caller then also meets new addresses on every call (the dispatcher's launch cache
+and torch's alike).
+
 The dispatcher serves the winners timed under that same L2 protocol (``use_db(db, l2=)``),
 and the results record it (``"l2"``, ``"mode": "events"``).
 
@@ -59,13 +67,15 @@ def bench_dispatch(
     progress: Callable[[str], None] | None = None,
     l2: str = "clean",
     b_layout: str = "kn",
+    rotate: bool = False,
 ) -> dict:
     """Time the dispatcher against torch.matmul on each shape; returns the results dict
     (``rows`` of per-shape times and ratios, ``ok`` when every shape passed).
 
     ``db`` becomes ``l2gen.matmul``'s default database for the process (``use_db``), so
     that the call timed is the public one. ``b_layout``: how B is stored, ``"kn"`` or
-    ``"nk"`` (see the module docstring)."""
+    ``"nk"`` (see the module docstring). ``rotate``: the wall-time loops over operand
+    copies that exceed the L2 (see the module docstring)."""
     import torch
 
     import l2gen
@@ -87,7 +97,8 @@ def bench_dispatch(
     use_db(db, l2=l2)  # what l2gen.matmul and the torch op serve from: the calls timed are the public ones
     dispatcher = default_dispatcher(nk)
     torch.cuda.init()
-    device_flush = Flush(Probes(build_probes()), l2, device_info(torch.cuda.current_device()).l2_bytes)
+    l2_bytes = device_info(torch.cuda.current_device()).l2_bytes
+    device_flush = Flush(Probes(build_probes()), l2, l2_bytes)
 
     def flush() -> None:
         device_flush(torch.cuda.current_stream().cuda_stream)
@@ -101,9 +112,9 @@ def bench_dispatch(
         outs = [torch.empty(m, n, dtype=torch.half, device="cuda") for _ in CALLERS]
         ours = torch_ops.mm if nk else l2gen.matmul
         callers = {
-            "l2gen": lambda out: ours(a, b, out=out),
-            "torch": lambda out: torch.matmul(a, b, out=out),
-            "control": lambda out: torch.matmul(a, b, out=out),
+            "l2gen": lambda out, a=a, b=b: ours(a, b, out=out),
+            "torch": lambda out, a=a, b=b: torch.matmul(a, b, out=out),
+            "control": lambda out, a=a, b=b: torch.matmul(a, b, out=out),
         }
         callers["l2gen"](outs[0])  # plans, builds or loads, and checks the shape's first result
         torch.cuda.synchronize()
@@ -112,7 +123,10 @@ def bench_dispatch(
         dev = _device_times(callers, outs, flush, reps)
         per_call = max(dev["torch"], 1.0)
         calls = max(10, min(500, int(WALL_TARGET_US / per_call)))
-        wall, enq = _wall_times(callers, outs, calls, rounds)
+        operands = operand_copies(a, b, l2_bytes, calls) if rotate else [(a, b)]
+        copies = len(operands)
+        wall, enq = _wall_times(callers, outs, calls, rounds, operands)
+        del operands
         callers["l2gen"](outs[0])
         callers["torch"](outs[1])
         torch.cuda.synchronize()
@@ -126,7 +140,7 @@ def bench_dispatch(
             "wall_us": wall["l2gen"], "torch_wall_us": wall["torch"], "wall_ratio": wall["l2gen"] / wall["torch"],
             "enqueue_us": enq["l2gen"], "torch_enqueue_us": enq["torch"],
             "control_device_ratio": dev["control"] / dev["torch"], "control_wall_ratio": wall["control"] / wall["torch"],
-            "calls": calls, "relerr": err,
+            "calls": calls, "wall_copies": copies, "relerr": err,
         }
         row["ok"] = bool(row["device_ratio"] <= 1 + tolerance and row["wall_ratio"] <= 1 + tolerance and err <= 1e-3)
         rows.append(row)
@@ -139,6 +153,7 @@ def bench_dispatch(
         "gpu": gpu.name, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(),
         "db": str(getattr(db, "path", db)), "b_layout": b_layout, "mode": "events", "l2": l2, "reps": reps, "rounds": rounds, "tolerance": tolerance,
+        "wall_rotates": rotate,
         "rows": rows, "ok": all(r["ok"] for r in rows),
     }
 
@@ -172,23 +187,43 @@ def _device_times(callers: dict, outs: list, flush, reps: int) -> dict[str, floa
     return {name: statistics.median(1000.0 * s.elapsed_time(e) for s, e in events[name]) for name in names}
 
 
-def _wall_times(callers: dict, outs: list, calls: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+def operand_copies(a, b, l2_bytes: int, calls: int) -> list[tuple]:
+    """``(a, b)`` and copies of them at other addresses (B keeps its layout: a transposed
+    view stays one), as many as :func:`l2gen.modes.rotation_copies` says keep each copy's
+    operands out of the L2 from one use to the next in a loop of ``calls`` calls."""
+    from .modes import rotation_copies
+
+    m, k = a.shape
+    n = b.shape[1]
+    want = rotation_copies(a.element_size() * (m * k + k * n + m * n), l2_bytes, calls)
+    out = [(a, b)]
+    for _ in range(want - 1):
+        out.append((a.clone(), b.clone()))  # (clone keeps the strides: a transposed view stays one)
+    return out
+
+
+def _wall_times(callers: dict, outs: list, calls: int, rounds: int,
+                operands: Sequence[tuple] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Per caller: the median over ``rounds`` of wall µs per call of ``calls`` back-to-back
-    calls (then a synchronize), and of host µs per call spent inside the calls."""
+    calls (then a synchronize), and of host µs per call spent inside the calls. With
+    ``operands`` (several (a, b)), call i reads copy i modulo their number."""
     import torch
 
     names = list(callers)
+    sets = list(operands) if operands else [None]
     wall: dict[str, list[float]] = {name: [] for name in names}
     enqueue: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name, j in rotation(names, r):
             fn, out = callers[name], outs[j]
+            turns = [fn if ops is None else (lambda o, f=fn, ab=ops: f(o, *ab)) for ops in sets]
             torch.cuda.synchronize()
             inside = 0.0
             t0 = time.perf_counter()
-            for _ in range(calls):
+            for i in range(calls):
+                call = turns[i % len(turns)]
                 c0 = time.perf_counter()
-                fn(out)
+                call(out)
                 inside += time.perf_counter() - c0
             torch.cuda.synchronize()
             wall[name].append(1e6 * (time.perf_counter() - t0) / calls)

@@ -284,7 +284,7 @@ def cmd_bench_dispatch(args) -> int:
         output_file(args.out, "-o")
     try:
         results = bench_dispatch(shapes, args.db, reps=args.reps, rounds=args.rounds, tolerance=args.tolerance, progress=eprint, l2=args.l2,
-                                 b_layout=_layout(args))
+                                 b_layout=_layout(args), rotate=args.rotate)
     except ProbeError as exc:
         raise fail("E-PROBES", f"cannot build the timing probes: {exc}") from None
     except RuntimeError as exc:
@@ -410,6 +410,9 @@ def add_commands(sub) -> None:
     p.add_argument("--tolerance", type=positive_float, default=0.03, help="largest slowdown that counts as noise")
     p.add_argument("--l2", choices=L2_PROTOCOLS, default=DEFAULT_L2,
                    help="the L2 before each event-timed call (default clean), and the protocol whose winners the dispatcher serves")
+    p.add_argument("--rotate", action="store_true",
+                   help="the wall-time loops take turns over copies of A and B that keep each out of the L2 between "
+                        "its uses, as a model's layers each read their own weights")
     p.add_argument("-o", "--out", help="write the results as JSON here")
     p.set_defaults(func=cmd_bench_dispatch)
 
