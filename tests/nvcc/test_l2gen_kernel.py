@@ -2,7 +2,8 @@
 B layouts, the cluster split, cache hints, a wgmma width outside CuTe's base set and a
 256-row kernel tile builds, and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
-with plain stores; the timeline build (bench/timeline.py) is a library of its own."""
+with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction; the timeline build
+(bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
 
@@ -123,6 +124,27 @@ def test_atomic_split_publishes_without_a_full_fence(built):
         assert re.search(r"REDG\.E\.ADD\.F32x4", code), f"{name}: no vector fp32 reduction into the workspace"
         assert not re.search(r"MEMBAR\.SC", code), f"{name}: a sequentially consistent fence on the reduction's path"
         assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
+
+
+def test_the_bulk_reduction_build_adds_its_partial_in_one_instruction(tmp_path, monkeypatch):
+    """Under -DL2GEN_BULK_RED=1 the one-unit kernel of an atomic split adds its partial into
+    the workspace by one bulk reduction (UBLKRED) and no per-thread vector reductions, its
+    ticket still one atomic; the persistent kernel, whose pipeline is never drained, keeps
+    the reductions. A library of its own beside the plain build."""
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
+    source = lower(program("swap_nk_bk256"), H200).with_flags("-DL2GEN_BULK_RED=1")
+    result = build_many([source], jobs=2, timeout=900)[0]
+    assert result.ok, result.error
+    code = kernels(result.library)
+    one_unit = [name for name in code if "ILb0E" in name]  # gemm_kernel<false>, mangled
+    looped = [name for name in code if name not in one_unit]
+    assert one_unit and looped, list(code)
+    for name in one_unit:
+        assert len(re.findall(r"\bUBLKRED\b", code[name])) == 1, f"{name}: not one bulk reduction"
+        assert not re.search(r"REDG\.E\.ADD\.F32x4", code[name]), f"{name}: per-thread reductions left"
+        assert len(re.findall(r"\bATOMG\.E\.ADD", code[name])) == 1, f"{name}: the ticket is one atomic"
+    for name in looped:
+        assert re.search(r"REDG\.E\.ADD\.F32x4", code[name]) and "UBLKRED" not in code[name], name
 
 
 def test_ordered_split_stores_its_partials_and_takes_one_ticket(built):
