@@ -123,8 +123,8 @@ def bench_dispatch(
         dev = _device_times(callers, outs, flush, reps)
         per_call = max(dev["torch"], 1.0)
         calls = max(10, min(500, int(WALL_TARGET_US / per_call)))
-        operands = operand_copies(a, b, l2_bytes, calls) if rotate else [(a, b)]
-        copies = len(operands)
+        operands = operand_copies(a, b, l2_bytes, calls) if rotate else None
+        copies = len(operands) if operands else 1
         wall, enq = _wall_times(callers, outs, calls, rounds, operands)
         del operands
         callers["l2gen"](outs[0])

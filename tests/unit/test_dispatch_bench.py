@@ -24,9 +24,6 @@ def test_operand_copies_exceed_the_l2_between_uses_and_keep_bs_layout():
 
 
 def test_wall_loops_take_turns_over_the_copies(monkeypatch):
-    import l2gen.dispatch_bench as db
-
-    monkeypatch.setattr(db, "torch", torch, raising=False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     seen = []
     callers = {"l2gen": lambda out, a=None, b=None: seen.append(("l2gen", a)),
