@@ -2,7 +2,8 @@
 B layouts, the cluster split, cache hints, a wgmma width outside CuTe's base set and a
 256-row kernel tile builds, and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
-with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction; the timeline build
+with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction, the peek build
+(-DL2GEN_PEEK_LAST=1) reading its ticket before its last wgmma wait; the timeline build
 (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
@@ -145,6 +146,22 @@ def test_the_bulk_reduction_build_adds_its_partial_in_one_instruction(tmp_path, 
         assert len(re.findall(r"\bATOMG\.E\.ADD", code[name])) == 1, f"{name}: the ticket is one atomic"
     for name in looped:
         assert re.search(r"REDG\.E\.ADD\.F32x4", code[name]) and "UBLKRED" not in code[name], name
+
+
+def test_the_peek_build_reads_the_ticket_while_the_last_wgmmas_run(tmp_path, monkeypatch):
+    """Under -DL2GEN_PEEK_LAST=1 each kernel of an atomic split reads its tile's ticket (a
+    relaxed, strong load) before it waits for its last wgmmas, so the read's latency hides
+    behind them; the ticket is still one atomic, taken where the peek finds other splits
+    still running."""
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
+    source = lower(program("swap_nk_bk256"), H200).with_flags("-DL2GEN_PEEK_LAST=1")
+    result = build_many([source], jobs=2, timeout=900)[0]
+    assert result.ok, result.error
+    for name, code in kernels(result.library).items():
+        tail = code[code.rindex("WARPGROUP.DEPBAR.LE gsb0, 0x1"):]
+        peek, wait = tail.find("LDG.E.STRONG.GPU"), tail.find("WARPGROUP.DEPBAR.LE gsb0, 0x0")
+        assert 0 <= peek < wait, f"{name}: the ticket is not read before the last wgmma wait"
+        assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
 
 
 def test_ordered_split_stores_its_partials_and_takes_one_ticket(built):
