@@ -54,6 +54,15 @@ def kernels(library) -> dict[str, str]:
     return {name: "\n".join(lines) for name, lines in disassemble(library).items()}
 
 
+def kernels_built_with(name: str, flag: str, tmp_path, monkeypatch) -> dict[str, str]:
+    """:func:`kernels` of program ``name`` built with one more nvcc ``flag`` (a template
+    macro), in a cache of its own so the build is this test's."""
+    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
+    result = build_many([lower(program(name), H200).with_flags(flag)], jobs=2, timeout=900)[0]
+    assert result.ok, result.error
+    return kernels(result.library)
+
+
 def sass(library) -> str:
     """The machine code of every kernel in ``library``, one instruction a line."""
     return "\n".join(kernels(library).values())
@@ -132,11 +141,7 @@ def test_the_bulk_reduction_build_adds_its_partial_in_one_instruction(tmp_path, 
     the workspace by one bulk reduction (UBLKRED) and no per-thread vector reductions, its
     ticket still one atomic; the persistent kernel, whose pipeline is never drained, keeps
     the reductions. A library of its own beside the plain build."""
-    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
-    source = lower(program("swap_nk_bk256"), H200).with_flags("-DL2GEN_BULK_RED=1")
-    result = build_many([source], jobs=2, timeout=900)[0]
-    assert result.ok, result.error
-    code = kernels(result.library)
+    code = kernels_built_with("swap_nk_bk256", "-DL2GEN_BULK_RED=1", tmp_path, monkeypatch)
     one_unit = [name for name in code if "ILb0E" in name]  # gemm_kernel<false>, mangled
     looped = [name for name in code if name not in one_unit]
     assert one_unit and looped, list(code)
@@ -153,11 +158,7 @@ def test_the_peek_build_reads_the_ticket_while_the_last_wgmmas_run(tmp_path, mon
     relaxed, strong load) before it waits for its last wgmmas, so the read's latency hides
     behind them; the ticket is still one atomic, taken where the peek finds other splits
     still running."""
-    monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
-    source = lower(program("swap_nk_bk256"), H200).with_flags("-DL2GEN_PEEK_LAST=1")
-    result = build_many([source], jobs=2, timeout=900)[0]
-    assert result.ok, result.error
-    for name, code in kernels(result.library).items():
+    for name, code in kernels_built_with("swap_nk_bk256", "-DL2GEN_PEEK_LAST=1", tmp_path, monkeypatch).items():
         tail = code[code.rindex("WARPGROUP.DEPBAR.LE gsb0, 0x1"):]
         peek, wait = tail.find("LDG.E.STRONG.GPU"), tail.find("WARPGROUP.DEPBAR.LE gsb0, 0x0")
         assert 0 <= peek < wait, f"{name}: the ticket is not read before the last wgmma wait"
