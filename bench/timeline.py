@@ -1,10 +1,11 @@
 """Where one launch of an ``impl l2gen`` kernel spends its time, block by block.
 
 The program is built a second time with ``-DL2GEN_TRACE`` (its own cache entry; the plain
-build is untouched), which makes each block write ``%globaltimer`` and ``%clock64`` at six
+build is untouched), which makes each block write ``%globaltimer`` and ``%clock64`` at seven
 points of its life: entry, its first TMA load issued, its first stage full (the first
-tile's latency), the end of its mainloop, the end of its reduction (split K), the end of
-its stores; and, in %clock64 cycles, how long its first unit's math waited for full stages
+tile's latency), the end of its mainloop, its ticket taken (split K: its own partial added
+or stored; a cluster's partials all in shared memory), the end of its reduction (split K),
+the end of its stores; and, in %clock64 cycles, how long its first unit's math waited for full stages
 (the data late) and its loads for free ones (the math late). Each launch runs after a read
 pass over 256 MiB (L2 cold and clean, as ``l2gen bench`` times it), on fresh inputs, verified once, between two one-thread kernels
 that stamp %globaltimer: ``life`` is the time between them, the GEMM's whole time on the
@@ -17,7 +18,9 @@ marker) that make up the rest, and, over blocks, the median and maximum of each 
 microseconds (the median launch of ``--reps``); then the mainloop's clock (%clock64 against
 %globaltimer) and its cycles a K tile and FLOP a cycle per SM (an H100's or H200's tensor
 cores peak at 4096 dense fp16 FLOP a cycle per SM), and the median over blocks of the two
-waits as shares of the mainloop.
+waits as shares of the mainloop; with a split of K, the median of each part of the reduction
+(its own partial and ticket, the read-back of the sum) for the blocks that write their tile
+and for those that leave it to another split.
 
     python bench/timeline.py PROGRAM.l2 [...] --shape 1024x256x4096 --splits 1,2,4,8
     python bench/timeline.py PROGRAM.l2 --shape ... --json out.json   # every block, every rep
@@ -45,7 +48,7 @@ from l2gen.probes import Probes, build_probes
 from l2gen.runtime import Library
 from l2gen.targets import GPUS
 
-POINTS = ("entry", "first_load", "first_full", "mainloop", "reduced", "stored")
+POINTS = ("entry", "first_load", "first_full", "mainloop", "ticketed", "reduced", "stored")
 PHASES = (  # (name, from point, to point)
     ("start", None, "entry"),             # entry after the launch's first block entered
     ("issue", "entry", "first_load"),     # setup until the first load is issued
@@ -53,6 +56,13 @@ PHASES = (  # (name, from point, to point)
     ("mainloop", "first_full", "mainloop"),
     ("reduce", "mainloop", "reduced"),
     ("store", "reduced", "stored"),
+)
+# Split K: the reduction in two parts, for the blocks that write their tile (they reach
+# "stored") and those that leave it to another split (they do not).
+REDUCE_PARTS = (
+    ("own", "mainloop", "ticketed"),  # its partial added or stored and its ticket taken
+                                      # (cluster: every partial in shared memory)
+    ("sum", "ticketed", "reduced"),   # the writer's read-back of the sum (cluster: its slice)
 )
 WAITS = ("full_wait", "empty_wait")  # cycles of the first unit's mainloop: data late, math late
 SLOTS = 2 * len(POINTS) + 2 + len(WAITS)
@@ -103,7 +113,24 @@ def phases(blocks: list[dict]) -> dict:
         if shares:
             waited[w] = statistics.median(shares)
     return {"span_us": (end - t0) / 1e3, "blocks": len(blocks), "phases": stats, "t0_ns": t0, "end_ns": end,
-            "mainloop_cycles": cycles, "mainloop_mhz": mhz, "waited": waited}
+            "mainloop_cycles": cycles, "mainloop_mhz": mhz, "waited": waited, "reduce_parts": reduce_parts(blocks)}
+
+
+def reduce_parts(blocks: list[dict]) -> dict:
+    """Split K: for the blocks that write their tile ("writers") and the others ("leavers"),
+    how many there are and the median of each part of their reduction (us). Empty without a
+    split (no block reaches "ticketed")."""
+    out = {}
+    for role, writes in (("writers", True), ("leavers", False)):
+        group = [b["ns"] for b in blocks if "ticketed" in b["ns"] and ("stored" in b["ns"]) == writes]
+        if not group:
+            continue
+        out[role] = {"blocks": len(group)}
+        for name, a, z in REDUCE_PARTS:
+            v = [(ns[z] - ns[a]) / 1e3 for ns in group if a in ns and z in ns]
+            if v:
+                out[role][name] = statistics.median(v)
+    return out
 
 
 def main() -> int:
@@ -232,6 +259,11 @@ def main() -> int:
                       f"{2 * tm * tn * tk / per_tile:.0f} FLOP a cycle; of its cycles, the math waited "
                       f"{100 * waited.get('full_wait', 0):.0f}% for data, the loads "
                       f"{100 * waited.get('empty_wait', 0):.0f}% for free stages")
+            parts = summary["reduce_parts"]
+            if parts:
+                print(f"{'':40s} reduction (median us): " + "; ".join(
+                    f"{n} {role} " + ", ".join(f"{name} {v:.2f}" for name, v in d.items() if name != "blocks")
+                    for role, d in parts.items() for n in [d["blocks"]]))
             dump.append({"program": label, "shape": [m, n, k], "splits": s,
                          "reps": [{"summary": r[0], "blocks": r[1]} for r in reps]})
     if args.json:

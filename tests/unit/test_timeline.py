@@ -37,3 +37,29 @@ def test_blocks_that_never_ran_are_left_out_and_waits_are_shares_of_the_mainloop
     assert summary["waited"]["empty_wait"] == pytest.approx(0.005)
     assert summary["blocks"] == 2
     assert summary["phases"]["start"] == (0.25, 0.5)
+
+
+def test_a_split_reduction_is_read_in_two_parts_for_writers_and_leavers():
+    """With a split of K, blocks that reach "stored" wrote their tile; the others left it to
+    another split. Each group's median of its own part (mainloop to ticket) and of the
+    read-back (ticket to reduced)."""
+    at = timeline.POINTS.index
+
+    def split_row(ticket_after: int, sum_after: int, writes: bool) -> list[int]:
+        r = row(10_000, 0, 10_000, 0, 0, sm=1)
+        ns_loop = r[at("mainloop")]
+        r[at("ticketed")] = ns_loop + ticket_after
+        r[at("reduced")] = ns_loop + ticket_after + sum_after
+        if not writes:
+            r[at("stored")] = 0  # it left the tile: no store
+        return r
+
+    rows = [split_row(2_000, 0, False), split_row(3_000, 0, False), split_row(1_000, 500, True)]
+    blocks = timeline.blocks_of([v for r in rows for v in r], 3)
+    parts = timeline.phases(blocks)["reduce_parts"]
+    assert parts["leavers"] == {"blocks": 2, "own": 2.5, "sum": 0.0}
+    assert parts["writers"] == {"blocks": 1, "own": 1.0, "sum": 0.5}
+    # No split: no block takes a ticket, no parts.
+    unsplit = row(10_000, 0, 10_000, 0, 0, sm=1)
+    unsplit[at("ticketed")] = 0
+    assert timeline.phases(timeline.blocks_of(unsplit, 1))["reduce_parts"] == {}
