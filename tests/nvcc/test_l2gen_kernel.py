@@ -3,7 +3,8 @@ B layouts, the cluster split, cache hints, a wgmma width outside CuTe's base set
 256-row kernel tile builds, and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
 with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction, the peek build
-(-DL2GEN_PEEK_LAST=1) reading its ticket before its last wgmma wait; the timeline build
+(-DL2GEN_PEEK_LAST=1) reading its ticket before its last wgmma wait, the flagged ordered split
+(-DL2GEN_LL_SPLIT=1) with neither ticket nor fence; the timeline build
 (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
@@ -175,6 +176,17 @@ def test_ordered_split_stores_its_partials_and_takes_one_ticket(built):
         assert re.search(r"STG\.E\.128\.STRONG\.GPU", code), f"{name}: no L2 stores of the partial tile"
         assert not re.search(r"MEMBAR\.SC", code), f"{name}: a sequentially consistent fence on the reduction's path"
         assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
+
+
+def test_the_flagged_ordered_split_takes_no_ticket_and_no_fence(tmp_path, monkeypatch):
+    """Under -DL2GEN_LL_SPLIT=1 the ordered split stores each partial value beside its ready
+    flag in one 64-bit strong store and the writing split polls those words with 64-bit
+    strong loads: no ticket atomic, no fence on the reduction's path."""
+    for name, code in kernels_built_with("swap_nk_m16_ordered", "-DL2GEN_LL_SPLIT=1", tmp_path, monkeypatch).items():
+        assert re.search(r"STG\.E\.64\.STRONG\.GPU", code), f"{name}: no 64-bit flagged stores"
+        assert re.search(r"LDG\.E\.64\.STRONG\.GPU", code), f"{name}: no 64-bit flagged loads"
+        assert not re.search(r"\bATOMG\b|\bREDG\b", code), f"{name}: an atomic in the flagged split"
+        assert not re.search(r"MEMBAR", code), f"{name}: a fence on the reduction's path"
 
 
 @pytest.mark.parametrize("name", ["swap_nk_m16_ordered", "swap_nk_bk256"])
