@@ -262,8 +262,8 @@ def main() -> int:
             parts = summary["reduce_parts"]
             if parts:
                 print(f"{'':40s} reduction (median us): " + "; ".join(
-                    f"{n} {role} " + ", ".join(f"{name} {v:.2f}" for name, v in d.items() if name != "blocks")
-                    for role, d in parts.items() for n in [d["blocks"]]))
+                    f"{d['blocks']} {role} " + ", ".join(f"{name} {v:.2f}" for name, v in d.items() if name != "blocks")
+                    for role, d in parts.items()))
             dump.append({"program": label, "shape": [m, n, k], "splits": s,
                          "reps": [{"summary": r[0], "blocks": r[1]} for r in reps]})
     if args.json:
