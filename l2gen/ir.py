@@ -96,8 +96,8 @@ class SplitK(enum.Enum):
     NONE = "none"  # one block owns a whole output tile
     PARALLEL = "parallel"  # sm80: slices write fp32 partials to a workspace, a second kernel reduces
     CLUSTER = "cluster"  # sm90a l2gen: the CTAs of a cluster reduce through distributed shared memory
-    ATOMIC = "atomic"  # sm90a l2gen: atomic adds into a workspace, the last split writes C
-    ORDERED = "ordered"  # sm90a l2gen: a workspace slot per split, the last sums them in split order
+    ATOMIC = "atomic"  # sm80, sm90a l2gen: atomic adds into a workspace, the last split writes C
+    ORDERED = "ordered"  # sm80, sm90a l2gen: a workspace slot per split, the last sums them in split order
 
 
 class Sm80Epilogue(enum.Enum):
@@ -137,7 +137,7 @@ class Knobs:
     """Run-time knobs: defaults for a launch, overridable per call without a recompile.
 
     ``swizzle`` is the log2 of the block-swizzle group size (0 = no swizzle);
-    ``splits`` is the split-K slice count (sm80 parallel split-K, sm90 stream-K);
+    ``splits`` is the split-K slice count (sm80 split-K, sm90 stream-K, l2gen's split-K);
     ``decomposition`` only applies to the sm90 stream-K scheduler (and l2gen's kernel).
     ``pdl``: launch with programmatic dependent launch (l2gen's own sm90a kernel): the
     kernel's set-up overlaps the end of the kernel before it on the stream. It shows only

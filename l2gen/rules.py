@@ -200,11 +200,11 @@ def _sm80_accumulators(p, gpu):
         yield "tile", f"{acc} fp32 accumulators per thread (tile {c.tile} over {c.threads} threads) exceed the register budget of {SM80_MAX_ACC_PER_THREAD}; add warps or shrink the tile"
 
 
-@rule("sm80.split_k", "E-SPLITK", SM80, ("split_k",), "split_k none or parallel", after=_SM80)
+@rule("sm80.split_k", "E-SPLITK", SM80, ("split_k",), "split_k none, parallel, atomic or ordered", after=_SM80)
 def _sm80_split_k(p, gpu):
     c = p.config
-    if c.split_k in (SplitK.CLUSTER, SplitK.ATOMIC, SplitK.ORDERED):
-        yield "split_k", f"'split_k {c.split_k.value}' is the sm90a l2gen kernel's ('impl l2gen'); sm80 takes 'none' or 'parallel'"
+    if c.split_k is SplitK.CLUSTER:
+        yield "split_k", "'split_k cluster' is the sm90a l2gen kernel's ('impl l2gen'); sm80 takes 'none', 'parallel', 'atomic' or 'ordered'"
 
 
 @rule("sm80.stages", "E-RANGE", SM80, ("stages",), "stages {SM80_STAGES}", after=_SM80)
@@ -526,11 +526,11 @@ def _knobs_splits(p, gpu):
         yield "splits", f"splits {s} is out of range 1..{MAX_SPLITS}"
 
 
-@rule("sm80.splits", "E-SPLITS", SM80, ("splits", "split_k"), "splits > 1 needs split_k parallel")
+@rule("sm80.splits", "E-SPLITS", SM80, ("splits", "split_k"), "splits > 1 needs split_k parallel, atomic or ordered")
 def _sm80_splits(p, gpu):
     s = p.knobs.splits
     if p.config.split_k is SplitK.NONE and s != 1:
-        yield "splits", f"splits {s} needs 'split_k parallel'; this kernel has 'split_k none'"
+        yield "splits", f"splits {s} needs 'split_k parallel', 'atomic' or 'ordered'; this kernel has 'split_k none'"
 
 
 @rule("l2gen.splits", "E-SPLITS", L2GEN, ("splits", "split_k"), "splits > 1 needs split_k cluster, atomic or ordered")

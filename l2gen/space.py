@@ -60,7 +60,7 @@ SLOTS: dict[Family, tuple[Slot, ...]] = {
         Slot("stages", (2, 3, 4, 5, 6)),
         Slot("smem_swizzle_b", (1, 2, 3)),
         Slot("epilogue", tuple(Sm80Epilogue)),
-        Slot("split_k", (SplitK.NONE, SplitK.PARALLEL)),
+        Slot("split_k", (SplitK.NONE, SplitK.PARALLEL, SplitK.ATOMIC, SplitK.ORDERED)),
         Slot("min_blocks", (1, 2)),
         Slot("raster", tuple(Raster), runtime=True),
         Slot("swizzle", (0, 1, 2, 3), runtime=True),

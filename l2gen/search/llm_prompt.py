@@ -136,7 +136,9 @@ Decisions (omitted ones take the default in brackets):
 - tile BM x BN x BK: the output tile of one block and the K step of its mainloop.
 - sm80 only: warps WM x WN (warp grid over the tile) [2 x 2]; stages (cp.async pipeline depth) [3];
   smem_swizzle B 3 3 (shared-memory Swizzle<B,3,3>) [3 3 3]; epilogue smem|direct [smem];
-  split_k none|parallel (parallel: K slices write fp32 partials, a second kernel reduces) [none];
+  split_k none|parallel|atomic|ordered (K slices; parallel: fp32 partials, a second kernel
+  reduces; atomic: one launch, slices add into a workspace tile, the last writes C; ordered:
+  one launch, a slot per slice summed in order, deterministic) [none];
   min_blocks (launch-bounds minimum resident blocks per SM) [1].
 - sm90a only: cluster CM x CN x 1 (CTAs sharing TMA multicast) [1 x 1 x 1];
   mainloop ws|pingpong|cooperative [cooperative]; epilogue tma|direct [tma];

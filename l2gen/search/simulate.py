@@ -109,7 +109,7 @@ def _sm80_us(program: Program, cfg: Sm80Config, shape: Shape, gpu: Gpu) -> tuple
         regs = min(regs, gpu.regs_per_sm // (cfg.min_blocks * threads))
     occ = max(1, min(gpu.smem_per_sm // max(smem, 1), MAX_THREADS_PER_SM // threads, gpu.regs_per_sm // (regs * threads), 16))
     tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
-    splits = kn.splits if cfg.split_k is SplitK.PARALLEL else 1
+    splits = kn.splits if cfg.split_k is not SplitK.NONE else 1
     k_iters = _ceil(_ceil(shape.k, splits), t.k)
     units = tiles_m * tiles_n * splits
     waves = _ceil(units, gpu.sms * occ)
@@ -127,10 +127,18 @@ def _sm80_us(program: Program, cfg: Sm80Config, shape: Shape, gpu: Gpu) -> tuple
     l2 = 1.0 + 0.05 * _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
     t_comp = occ * 2.0 * t.m * t.n * t.k / (per_sm_flops * eff)
     t_mem = occ * loaded * l2 / (bw_sm * pipe)
-    t_epi = occ * t.m * t.n * (4 if splits > 1 else 2) / bw_sm * (1.0 if cfg.epilogue is Sm80Epilogue.SMEM else 1.8) + 0.15
+    in_kernel = splits > 1 and cfg.split_k is not SplitK.PARALLEL
+    t_epi = occ * t.m * t.n * (4 if splits > 1 and not in_kernel else 2) / bw_sm * (1.0 if cfg.epilogue is Sm80Epilogue.SMEM else 1.8) + 0.15
+    if in_kernel:
+        # atomic / ordered: each slice adds or stores its fp32 tile in L2 and takes a ticket;
+        # the last reads the sum (ordered: every slot) back and zeroes it, as in l2gen's
+        # sm90a kernel (its chain of round trips, below), on an sm80 tile's
+        # occupancy-shared L2 bandwidth
+        reread = 2 * splits + 1 if cfg.split_k is SplitK.ORDERED else 3
+        t_epi += 1.0 + occ * t.m * t.n * 4 * reread / bw_sm / splits
     wave = LATENCY_US + k_iters * _overlap(t_comp, t_mem) + t_epi
     extra, extra_bytes = 0.0, 0.0
-    if splits > 1:  # fp32 partials to a workspace, then a reduction kernel
+    if splits > 1 and not in_kernel:  # fp32 partials to a workspace, then a reduction kernel
         partials = 4.0 * shape.m * shape.n * splits
         extra = 2.0 + (partials + 2.0 * shape.m * shape.n) / (gpu.bandwidth_tbs * 1e6)
         extra_bytes = partials

@@ -33,7 +33,7 @@ BREAKS = {
     "sm80.warp_cols": (sm80("tile 128 x 32 x 32 warps 1 x 4"), H),
     "sm80.copy": (sm80("tile 16 x 64 x 32 warps 1 x 4"), H),
     "sm80.accumulators": (sm80("tile 256 x 256 x 32 warps 2 x 2"), H),
-    "sm80.split_k": (sm80("tile 128 x 128 x 32 split_k atomic"), H),
+    "sm80.split_k": (sm80("tile 128 x 128 x 32 split_k cluster"), H),
     "sm80.stages": (sm80("tile 128 x 128 x 32 stages 1"), H),
     "sm80.smem_swizzle": (sm80("tile 128 x 128 x 32 smem_swizzle 3 2 3"), H),
     "sm80.smem": (sm80("tile 128 x 128 x 64 warps 2 x 2 stages 8"), H),
