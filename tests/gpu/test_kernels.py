@@ -77,7 +77,7 @@ def _knob_variants(program):
     yield program.knobs
     yield program.knobs.__class__(raster=Raster.ALONG_M, swizzle=3, splits=1)
     yield program.knobs.__class__(raster=Raster.ALONG_N, swizzle=1, splits=1)
-    if isinstance(cfg, Sm80Config) and cfg.split_k is SplitK.PARALLEL:
+    if isinstance(cfg, Sm80Config) and cfg.split_k is not SplitK.NONE:
         yield program.knobs.__class__(splits=3)
         yield program.knobs.__class__(splits=64)  # more slices than k-tiles: empty slices
     if isinstance(cfg, Sm90L2genConfig) and cfg.split_k is not SplitK.NONE:
