@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from l2gen.runtime import device_count
+from tests.gpu.splits import Workspace, graph_node_kinds
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(device_count() == 0, reason="no CUDA device")]
 
@@ -111,27 +112,6 @@ def _split_knobs(program, splits):
     if _streams_k(program):
         yield Knobs(decomposition=Decomposition.STREAM_K)
         yield Knobs(decomposition=Decomposition.STREAM_K, raster=Raster.ALONG_M, swizzle=1)
-
-
-class Workspace:
-    """A zeroed workspace for a library's launches, grown (and zeroed) on demand."""
-
-    def __init__(self):
-        self.buffer = None
-
-    def get(self, lib, m, n, k, knobs):
-        from l2gen.runtime import DeviceBuffer
-
-        need = lib.workspace_size(m, n, k, knobs)
-        if need and (self.buffer is None or self.buffer.nbytes < need):
-            if self.buffer is not None:
-                self.buffer.free()
-            self.buffer = DeviceBuffer(need)
-            self.buffer.fill_bytes(0)
-        return (self.buffer, need) if need else (None, 0)
-
-    def is_zero(self) -> bool:
-        return self.buffer is None or not np.any(self.buffer.download((self.buffer.nbytes,), np.uint8))
 
 
 def _verify_all(libs, names, shapes, splits):
@@ -279,32 +259,13 @@ def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
     from cuda.bindings import runtime as cudart
 
     from l2gen.ir import Decomposition, Knobs
-    from l2gen.runtime import DeviceBuffer, Stream, call
 
     stream_k = Knobs(decomposition=Decomposition.STREAM_K)
     for name, knobs in (("swap_kn", Knobs(splits=4)), ("kn_128", Knobs(splits=4)), ("kn_128_atomic", Knobs(splits=4)),
                         ("swap_kn_ordered", Knobs(splits=4)), ("kn_128_atomic", stream_k), ("swap_nk_bk256", stream_k)):
         program, lib = libs[name]
-        m, n, k = 64, 1024, 4096
-        ldb = n if program.b_layout.value == "kn" else k
-        buffers = [DeviceBuffer(2 * x) for x in (m * k, n * k, m * n)]
-        ws = Workspace()
-        buf, nbytes = ws.get(lib, m, n, k, knobs)
-        with Stream() as stream:
-            lib.launch(*buffers, m, n, k, k, ldb, n, knobs, buf, nbytes, stream)  # set-up outside
-            stream.synchronize()
-            call("cudaStreamBeginCapture", stream.handle, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal)
-            lib.launch(*buffers, m, n, k, k, ldb, n, knobs, buf, nbytes, stream)
-            graph = call("cudaStreamEndCapture", stream.handle)
-            err, _, count = cudart.cudaGraphGetNodes(graph, 0)
-            assert int(err) == 0
-            err, nodes, count = cudart.cudaGraphGetNodes(graph, count)
-            assert int(err) == 0 and count == 1, f"{name}: {count} graph nodes"
-            err, kind = cudart.cudaGraphNodeGetType(nodes[0])
-            assert kind == cudart.cudaGraphNodeType.cudaGraphNodeTypeKernel, f"{name}: {kind}"
-            call("cudaGraphDestroy", graph)
-        for buf in buffers:
-            buf.free()
+        kinds = graph_node_kinds(lib, program.b_layout.value, knobs)
+        assert kinds == [cudart.cudaGraphNodeType.cudaGraphNodeTypeKernel], f"{name}: graph nodes {kinds}"
 
 
 def test_a_thousand_calls_changing_shape_and_splits(libs):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from l2gen.runtime import device_count
+from tests.gpu.splits import Workspace, graph_node_kinds
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(device_count() == 0, reason="no CUDA device")]
 
@@ -46,27 +47,6 @@ def libs():
     failed = [f"{r.source.program.name}: {r.error}" for r in results if not r.ok]
     assert not failed, failed
     return {name: (programs[name], Library.load(r.library, r.source.entry), r.library) for name, r in zip(programs, results)}
-
-
-class Workspace:
-    """One zeroed workspace, grown (and zeroed) on demand."""
-
-    def __init__(self):
-        self.buffer = None
-
-    def get(self, lib, m, n, k, knobs):
-        from l2gen.runtime import DeviceBuffer
-
-        need = lib.workspace_size(m, n, k, knobs)
-        if need and (self.buffer is None or self.buffer.nbytes < need):
-            if self.buffer is not None:
-                self.buffer.free()
-            self.buffer = DeviceBuffer(need)
-            self.buffer.fill_bytes(0)
-        return (self.buffer, need) if need else (None, 0)
-
-    def is_zero(self) -> bool:
-        return self.buffer is None or not np.any(self.buffer.download((self.buffer.nbytes,), np.uint8))
 
 
 def _ldb(program, n, k):
@@ -136,41 +116,17 @@ def test_ordered_is_bitwise_deterministic_and_atomic_close(libs, name, splits):
     assert ws.is_zero()
 
 
-def _kernel_nodes(lib, program, knobs, m=64, n=1024, k=4096) -> int:
+def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
     from cuda.bindings import runtime as cudart
 
-    from l2gen.runtime import DeviceBuffer, Stream, call
-
-    buffers = [DeviceBuffer(2 * x) for x in (m * k, n * k, m * n)]
-    ws = Workspace()
-    buf, nbytes = ws.get(lib, m, n, k, knobs)
-    try:
-        with Stream() as stream:
-            lib.launch(*buffers, m, n, k, k, _ldb(program, n, k), n, knobs, buf, nbytes, stream)  # set-up outside
-            stream.synchronize()
-            call("cudaStreamBeginCapture", stream.handle, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal)
-            lib.launch(*buffers, m, n, k, k, _ldb(program, n, k), n, knobs, buf, nbytes, stream)
-            graph = call("cudaStreamEndCapture", stream.handle)
-            err, _, count = cudart.cudaGraphGetNodes(graph, 0)
-            assert int(err) == 0
-            err, nodes, count = cudart.cudaGraphGetNodes(graph, count)
-            assert int(err) == 0
-            kinds = [cudart.cudaGraphNodeGetType(node)[1] for node in nodes]
-            call("cudaGraphDestroy", graph)
-            assert all(kind == cudart.cudaGraphNodeType.cudaGraphNodeTypeKernel for kind in kinds), kinds
-            return len(kinds)
-    finally:
-        for b in buffers:
-            b.free()
-
-
-def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
     from l2gen.ir import Knobs
 
+    kernel = cudart.cudaGraphNodeType.cudaGraphNodeTypeKernel
     for name in PROGRAMS:
         program, lib, _ = libs[name]
         expected = 2 if "parallel" in name else 1  # parallel: the GEMM, then its reduction kernel
-        assert _kernel_nodes(lib, program, Knobs(splits=4)) == expected, name
+        kinds = graph_node_kinds(lib, program.b_layout.value, Knobs(splits=4))
+        assert kinds == [kernel] * expected, f"{name}: graph nodes {kinds}"
 
 
 def test_a_thousand_calls_changing_shape_splits_and_program(libs):
