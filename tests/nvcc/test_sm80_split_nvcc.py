@@ -27,18 +27,10 @@ PROGRAMS = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    import os
-
-    old = os.environ.get("L2GEN_CACHE_DIR")
-    os.environ["L2GEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    try:
-        programs = [parse(f"kernel sm80_split_{name} {{\n arch sm80\n {text}\n}}") for name, text in PROGRAMS.items()]
+    programs = [parse(f"kernel sm80_split_{name} {{\n arch sm80\n {text}\n}}") for name, text in PROGRAMS.items()]
+    with pytest.MonkeyPatch.context() as mp:  # a cache of this module's own: the builds are its
+        mp.setenv("L2GEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         results = build_many([lower(p, GPUS["h200"]) for p in programs], jobs=2, timeout=900)
-    finally:
-        if old is None:
-            del os.environ["L2GEN_CACHE_DIR"]
-        else:
-            os.environ["L2GEN_CACHE_DIR"] = old
     return dict(zip(PROGRAMS, results))
 
 
