@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from l2gen.runtime import device_count
-from tests.gpu.splits import Workspace, graph_node_kinds
+from tests.gpu.splits import Workspace, call_relerr, graph_node_kinds, kn_problems, verify_program
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(device_count() == 0, reason="no CUDA device")]
 
@@ -115,34 +115,17 @@ def _split_knobs(program, splits):
 
 
 def _verify_all(libs, names, shapes, splits):
-    from l2gen.runtime import LaunchError, Stream
-    from l2gen.verify import CudaDevice, verify
+    from l2gen.runtime import Stream
+    from l2gen.verify import CudaDevice
 
     device = CudaDevice()
     failures = []
     with Stream() as stream:
         for name in names:
             program, lib = libs[name]
-            ldb_of = (lambda n, k: n) if program.b_layout.value == "kn" else (lambda n, k: k)
-            ws = Workspace()
-            for knobs in _split_knobs(program, splits):
-                for m, n, k in shapes:
-                    if knobs.splits > -(-k // program.config.tile.k):
-                        continue  # more splits than K tiles: the entry refuses (tested below)
-                    buf, nbytes = ws.get(lib, m, n, k, knobs)
-
-                    def kernel(a, b, c, m=m, n=n, k=k, knobs=knobs, buf=buf, nbytes=nbytes):
-                        lib.launch(a, b, c, m, n, k, k, ldb_of(n, k), n, knobs, buf, nbytes, stream)
-
-                    try:
-                        r = verify(kernel, m, n, k, b_layout=program.b_layout.value, seeds=2, device=device)
-                    except LaunchError as e:
-                        failures.append(f"{name} {knobs} {m}x{n}x{k}: {e}")
-                        continue
-                    if not r.ok:
-                        failures.append(f"{name} {knobs} {m}x{n}x{k}: {r.error}")
-            if not ws.is_zero():
-                failures.append(f"{name}: the workspace was left dirty")
+            # more splits than K tiles: the entry refuses (tested below)
+            failures += verify_program(name, program, lib, _split_knobs(program, splits), shapes, stream, device,
+                                       skip=lambda knobs, k, program=program: knobs.splits > -(-k // program.config.tile.k))
     return failures
 
 
@@ -271,18 +254,12 @@ def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
 def test_a_thousand_calls_changing_shape_and_splits(libs):
     from l2gen.ir import Decomposition, Knobs
     from l2gen.runtime import Stream
-    from l2gen.verify import CudaDevice, make_inputs, reference, relerr
+    from l2gen.verify import CudaDevice
 
     device = CudaDevice()
     rng = random.Random(3)
     shapes = [(m, n, k) for m in (1, 16, 64, 100) for n, k in ((1024, 2048), (4104, 1024))]
-    data = {}
-    for m, n, k in shapes:
-        a_host, b_host, _ = make_inputs(m, n, k, 1, "kn")
-        a, b, c = device.alloc((m, k)), device.alloc((k, n)), device.alloc((m, n))
-        device.write(a, a_host)
-        device.write(b, b_host)
-        data[(m, n, k)] = (a, b, c, reference(a_host, b_host, "kn"))
+    data = kn_problems(device, shapes)
     bad = []
     ws = Workspace()
     rotation = ("swap_kn", "swap_kn_atomic", "swap_kn_ordered")
@@ -298,15 +275,10 @@ def test_a_thousand_calls_changing_shape_and_splits(libs):
             m, n, k = rng.choice(shapes)
             k_tiles = -(-k // program.config.tile.k)
             splits = rng.choice([s for s in (1, 2, 3, 4, 8, 16) if s <= k_tiles and (s < 16 or name != "swap_kn")])
-            a, b, c, ref = data[(m, n, k)]
-            device.poison(c)
             knobs = Knobs(splits=splits)
             if name == "swap_kn_atomic" and rng.random() < 0.4:
                 knobs, splits = stream_k, "stream_k"
-            nbytes = lib.workspace_size(m, n, k, knobs)
-            lib.launch(a, b, c, m, n, k, k, n, n, knobs, ws.buffer if nbytes else None, nbytes, stream)
-            stream.synchronize()
-            e = relerr(device.read(c), ref)
+            e = call_relerr(lib, device, data[(m, n, k)], (m, n, k), knobs, ws, stream)
             if not e <= 1e-3:
                 bad.append(f"call {i}: {name} {m}x{n}x{k} splits {splits}: relerr {e}")
     assert not bad, "\n".join(bad[:20])

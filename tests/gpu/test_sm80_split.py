@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from l2gen.runtime import device_count
-from tests.gpu.splits import Workspace, graph_node_kinds
+from tests.gpu.splits import Workspace, call_relerr, graph_node_kinds, kn_problems, ldb_of, verify_program
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(device_count() == 0, reason="no CUDA device")]
 
@@ -49,38 +49,19 @@ def libs():
     return {name: (programs[name], Library.load(r.library, r.source.entry), r.library) for name, r in zip(programs, results)}
 
 
-def _ldb(program, n, k):
-    return n if program.b_layout.value == "kn" else k
-
-
 def test_one_launch_splits_are_right_on_odd_shapes(libs):
     from l2gen.ir import Knobs, Raster
-    from l2gen.runtime import LaunchError, Stream
-    from l2gen.verify import CudaDevice, verify
+    from l2gen.runtime import Stream
+    from l2gen.verify import CudaDevice
 
     device = CudaDevice()
+    settings = (Knobs(), Knobs(splits=2), Knobs(splits=3, raster=Raster.ALONG_M, swizzle=2),
+                Knobs(splits=8, raster=Raster.ALONG_N, swizzle=1), Knobs(splits=64))
     failures = []
     with Stream() as stream:
         for name in [n for n in PROGRAMS if "parallel" not in n]:
             program, lib, _ = libs[name]
-            ws = Workspace()
-            for knobs in (Knobs(), Knobs(splits=2), Knobs(splits=3, raster=Raster.ALONG_M, swizzle=2),
-                          Knobs(splits=8, raster=Raster.ALONG_N, swizzle=1), Knobs(splits=64)):
-                for m, n, k in SHAPES:
-                    buf, nbytes = ws.get(lib, m, n, k, knobs)
-
-                    def kernel(a, b, c, m=m, n=n, k=k, knobs=knobs, buf=buf, nbytes=nbytes, program=program, lib=lib):
-                        lib.launch(a, b, c, m, n, k, k, _ldb(program, n, k), n, knobs, buf, nbytes, stream)
-
-                    try:
-                        r = verify(kernel, m, n, k, b_layout=program.b_layout.value, seeds=2, device=device)
-                    except LaunchError as e:
-                        failures.append(f"{name} {knobs} {m}x{n}x{k}: {e}")
-                        continue
-                    if not r.ok:
-                        failures.append(f"{name} {knobs} {m}x{n}x{k}: {r.error}")
-            if not ws.is_zero():
-                failures.append(f"{name}: the workspace was left dirty")
+            failures += verify_program(name, program, lib, settings, SHAPES, stream, device)
     assert not failures, "\n".join(failures)
 
 
@@ -107,7 +88,7 @@ def test_ordered_is_bitwise_deterministic_and_atomic_close(libs, name, splits):
     with Stream() as stream:
         for _ in range(20):
             device.poison(c)
-            lib.launch(a, b, c, m, n, k, k, _ldb(program, n, k), n, knobs, buf, nbytes, stream)
+            lib.launch(a, b, c, m, n, k, k, ldb_of(layout, n, k), n, knobs, buf, nbytes, stream)
             stream.synchronize()
             outs.append(device.read(c))
     assert all(relerr(out, ref) <= 1e-3 for out in outs)
@@ -132,19 +113,13 @@ def test_one_call_is_one_kernel_node_in_a_cuda_graph(libs):
 def test_a_thousand_calls_changing_shape_splits_and_program(libs):
     from l2gen.ir import Knobs
     from l2gen.runtime import Stream
-    from l2gen.verify import CudaDevice, make_inputs, reference, relerr
+    from l2gen.verify import CudaDevice
 
     device = CudaDevice()
     rng = random.Random(11)
     names = ("kn_atomic_smem", "kn_ordered_direct")  # one workspace serves both, in turn
     shapes = [(m, n, k) for m in (1, 16, 100) for n, k in ((1024, 2048), (4104, 1024))]
-    data = {}
-    for m, n, k in shapes:
-        a_host, b_host, _ = make_inputs(m, n, k, 1, "kn")
-        a, b, c = device.alloc((m, k)), device.alloc((k, n)), device.alloc((m, n))
-        device.write(a, a_host)
-        device.write(b, b_host)
-        data[(m, n, k)] = (a, b, c, reference(a_host, b_host, "kn"))
+    data = kn_problems(device, shapes)
     ws = Workspace()
     for m, n, k in shapes:
         for name in names:
@@ -156,13 +131,7 @@ def test_a_thousand_calls_changing_shape_splits_and_program(libs):
             _, lib, _ = libs[name]
             m, n, k = rng.choice(shapes)
             splits = rng.choice((1, 2, 3, 5, 8, 16))
-            a, b, c, ref = data[(m, n, k)]
-            device.poison(c)
-            knobs = Knobs(splits=splits)
-            nbytes = lib.workspace_size(m, n, k, knobs)
-            lib.launch(a, b, c, m, n, k, k, n, n, knobs, ws.buffer if nbytes else None, nbytes, stream)
-            stream.synchronize()
-            e = relerr(device.read(c), ref)
+            e = call_relerr(lib, device, data[(m, n, k)], (m, n, k), Knobs(splits=splits), ws, stream)
             if not e <= 1e-3:
                 bad.append(f"call {i}: {name} {m}x{n}x{k} splits {splits}: relerr {e}")
     assert not bad, "\n".join(bad[:20])
