@@ -55,9 +55,9 @@ SM90_SETUP_US = 0.6  # TMA descriptor prefetch, barrier init, warp-specialized r
 # persistent kernel's epilogue").
 EPI_STAGING = 2.5
 DSMEM_TBS = 6.0  # distributed shared memory bandwidth of the whole chip (cluster reduction)
-# sm80 split_k ordered: each round trip of the last CTA's read-back of the slots. Measured
-# (H100, bench/results/2026-12-07-h100-sm80split-0695e11-*, one slot a round trip then):
-# ordered ran 0.4-0.7 us per slot behind atomic on the same tiles, beyond the bytes.
+# sm80 split_k ordered: what the last CTA pays per other slot beyond the bytes. Measured
+# (H100, bench/results/2026-12-07-h100-sm80split-{0695e11,318aa74}-*): ordered ran 0.4-0.7 us
+# per slot behind atomic on the same tiles, whether it read one slot a round trip or two.
 SM80_SLOT_ROUND_TRIP_US = 0.55
 
 
@@ -140,9 +140,10 @@ def _sm80_us(program: Program, cfg: Sm80Config, shape: Shape, gpu: Gpu) -> tuple
         # occupancy-shared L2 bandwidth
         reread = 2 * splits + 1 if cfg.split_k is SplitK.ORDERED else 3
         t_epi += 1.0 + occ * t.m * t.n * 4 * reread / bw_sm / splits
-        if cfg.split_k is SplitK.ORDERED:  # the other slots, two a round trip up to 64 accumulators a thread
-            batch = 2 if acc <= 64 else 1
-            t_epi += SM80_SLOT_ROUND_TRIP_US * _ceil(splits - 1, batch)
+        if cfg.split_k is SplitK.ORDERED:
+            # a round trip per other slot: reading two a trip (<= 64 accumulators a thread)
+            # measured 0-3% faster, not half the cost (2026-12-07 sm80split-*-318aa74)
+            t_epi += SM80_SLOT_ROUND_TRIP_US * (splits - 1)
     wave = LATENCY_US + k_iters * _overlap(t_comp, t_mem) + t_epi
     extra, extra_bytes = 0.0, 0.0
     if splits > 1 and not in_kernel:  # fp32 partials to a workspace, then a reduction kernel
