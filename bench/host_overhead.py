@@ -4,7 +4,7 @@ With 8 x 8 operands the kernels cost next to nothing, so calls back to back meas
 the host spends per call. On a CPU (no GPU needed) this isolates the dispatcher's Python
 path; `l2gen bench-dispatch` measures the whole thing on a GPU.
 
-    python bench/host_overhead.py [--device cpu|cuda] [--db PATH | --winner | --served] [--no-out]
+    python bench/host_overhead.py [--device cpu|cuda] [--db PATH | --winner | --served] [--no-out] [--direct]
 
 ``--winner`` times the path a database with winners takes for a shape it does not serve
 (the 8 x 8 x 8 calls): it builds a throwaway H200 database whose one winner is 64x256x512,
@@ -194,6 +194,9 @@ def main() -> None:
     parser.add_argument("--program", default=None, help="the winner's DSL file (with --served --device cuda)")
     parser.add_argument("--pool", type=int, default=16, help="distinct operand tensors cycled through (with --served)")
     parser.add_argument("--no-out", action="store_true", help="call without out=")
+    parser.add_argument("--direct", action="store_true",
+                        help="served calls pass all 17 entry arguments through ctypes, as where the bound-call "
+                             "helper (l2gen.bound) cannot be built: the baseline the helper is measured against")
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--calls", type=int, default=None,
                         help="calls per round (default 5000; 200 with --served --device cuda, so that the launch "
@@ -201,6 +204,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.winner + args.served + (args.db is not None) > 1:
         parser.error("--db, --winner and --served are exclusive")
+    if args.direct:
+        from l2gen import bound
+
+        bound.caller = lambda: None
     m, n, k = (int(v) for v in args.shape.lower().split("x")) if args.served else (8, 8, 8)
     dtype = torch.float16 if args.device == "cuda" or args.served else torch.float32
     pool = max(1, args.pool) if args.served else 1

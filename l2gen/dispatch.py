@@ -107,8 +107,8 @@ class Launcher(Protocol):
 
     def eligible(self, a: Any, b: Any, out: Any) -> bool:
         """Whether the operands are what the kernels take (fp16, row-major, contiguous,
-        16-byte aligned, one device; B 2-D, A and the output of 2 or more dimensions, whose
-        leading ones are the rows). The dispatcher checks the shapes."""
+        16-byte aligned, one device). The dispatcher has checked their shapes: B 2-D, A
+        and the output of 2 or more dimensions, whose leading ones are the rows."""
 
     def empty(self, like: Any, m: int, n: int) -> Any:
         """An uninitialized output like A (``like``): A's leading dimensions (M rows in
@@ -428,7 +428,7 @@ class Dispatcher:
                 self._unserved_b.add((n, k) if self._nk else (k, n))
             self._remember(shape_a, shape_b, _FALLBACK)
             return None
-        if out is not None and tuple(out.shape) != ((m, n) if lead is None else (*lead, n)):
+        if out is not None and out.shape != ((m, n) if lead is None else (*lead, n)):  # a torch.Size is a tuple
             return None
         launcher = self.launcher
         if not launcher.eligible(a, b, out):  # before any build: these operands never launch
@@ -618,7 +618,7 @@ class TorchLauncher:
     def eligible(self, a, b, out) -> bool:
         f16 = self.torch.float16
         ok = a.dtype is f16 and b.dtype is f16 and a.is_cuda and b.get_device() == a.get_device()
-        ok = ok and a.dim() >= 2 and b.dim() == 2 and a.is_contiguous() and b.is_contiguous()
+        ok = ok and a.is_contiguous() and b.is_contiguous()  # dimensions: the dispatcher's
         ok = ok and (a.data_ptr() | b.data_ptr()) & 15 == 0
         if ok and out is not None:
             ok = out.dtype is f16 and out.get_device() == a.get_device() and out.is_contiguous() and out.data_ptr() & 15 == 0
@@ -634,14 +634,31 @@ class TorchLauncher:
         return kernel.launch(a, b, out, m, n, k, k, ldb, n, knobs, buf, nbytes, stream, check=False)
 
     def bind(self, kernel, m: int, n: int, k: int, ldb: int, knobs: Knobs):
-        """``launch`` for one shape, made once: the entry's constant arguments converted to
-        ctypes integers here, so a call converts only the three addresses, the workspace
-        and the stream."""
+        """``launch`` for one shape, made once. Through the bound-call helper
+        (:mod:`l2gen.bound`) where it can be built: a record per stream holds every
+        argument but the three addresses (remade when the call brings another workspace,
+        as each call captured into a CUDA graph does), and a call passes four arguments
+        through ctypes. Else the entry itself, its constant arguments converted once."""
+        from . import bound
+
         entry = kernel.entry_for(knobs)
-        middle = kernel.constant_args(m, n, k, k, ldb, n, knobs)
+        call = bound.caller()
+        if call is None:
+            middle = kernel.constant_args(m, n, k, k, ldb, n, knobs)
+
+            def run(a, b, out, workspace, stream):
+                return entry(a.data_ptr(), b.data_ptr(), out.data_ptr(), *middle, workspace[2], workspace[1], stream)
+
+            return run
+
+        ints = (m, n, k, k, ldb, n, *knobs.as_args())
+        records: dict = {}  # stream -> (workspace, record, pointer to it)
 
         def run(a, b, out, workspace, stream):
-            return entry(a.data_ptr(), b.data_ptr(), out.data_ptr(), *middle, workspace[2], workspace[1], stream)
+            r = records.get(stream)
+            if r is None or r[0] is not workspace:
+                r = records[stream] = (workspace, *bound.bind(entry, ints, workspace[2], workspace[1], stream))
+            return call(r[2], a.data_ptr(), b.data_ptr(), out.data_ptr())
 
         return run
 

@@ -47,9 +47,22 @@ def tensors(m, n, k, nk):
     return a, b, torch.empty((m, n), dtype=torch.float16)
 
 
+@pytest.fixture(params=["helper", "direct"])
+def call_path(request, monkeypatch):
+    """Each bound launch twice: through the bound-call helper (``l2gen.bound``; skipped where
+    it cannot be built) and through the entry itself, as where the helper is missing."""
+    from l2gen import bound
+
+    if request.param == "direct":
+        monkeypatch.setattr(bound, "caller", lambda: None)
+    elif bound.caller() is None:
+        pytest.skip("the bound-call helper cannot be built here (no nvcc or host compiler)")
+    return request.param
+
+
 @pytest.mark.parametrize("nk", [False, True])
 @pytest.mark.parametrize("with_workspace", [False, True])
-def test_a_bound_launch_passes_the_entry_what_library_launch_passes(nk, with_workspace, monkeypatch):
+def test_a_bound_launch_passes_the_entry_what_library_launch_passes(nk, with_workspace, monkeypatch, call_path):
     rec = RecordingLibrary()
     launcher = TorchLauncher()
     monkeypatch.setattr(launcher, "stream", lambda like: 0x7F00DEAD)
@@ -69,13 +82,28 @@ def test_a_bound_launch_passes_the_entry_what_library_launch_passes(nk, with_wor
     assert rec.calls == [expected] * 4
 
 
-def test_each_call_passes_its_own_addresses():
+def test_each_call_passes_its_own_addresses(call_path):
     rec = RecordingLibrary()
     run = TorchLauncher().bind(rec.library, 8, 8, 8, 8, Knobs())
     sets = [tensors(8, 8, 8, False) for _ in range(3)]
     for a, b, c in sets:
         run(a, b, c, (None, 0, None), 0)
     assert [call[:3] for call in rec.calls] == [(a.data_ptr(), b.data_ptr(), c.data_ptr()) for a, b, c in sets]
+
+
+def test_each_call_passes_its_own_stream_and_workspace(call_path):
+    """A bound launch serves every stream with that stream's workspace, and a call that
+    brings another workspace on a stream (each call captured into a CUDA graph does) gets
+    that one, not the one bound before."""
+    rec = RecordingLibrary()
+    run = TorchLauncher().bind(rec.library, 8, 8, 8, 8, Knobs(splits=2))
+    a, b, c = tensors(8, 8, 8, False)
+    bufs = [torch.zeros(64 * (i + 1), dtype=torch.uint8) for i in range(3)]
+    spaces = [(buf, buf.numel(), buf.data_ptr()) for buf in bufs]
+    calls = [(spaces[0], 0x1000), (spaces[1], 0x2000), (spaces[0], 0x1000), (spaces[2], 0x1000), (spaces[1], 0x2000)]
+    for workspace, stream in calls:
+        assert run(a, b, c, workspace, stream) == 0
+    assert [call[14:] for call in rec.calls] == [(w[2], w[1], stream) for w, stream in calls]
 
 
 def test_constant_args_are_ctypes_integers_in_abi_order():
@@ -109,7 +137,7 @@ def test_cpu_tensors_are_not_eligible():
 
 
 @pytest.mark.parametrize("pdl", [False, True])
-def test_the_pdl_knob_picks_the_entry_and_passes_the_same_arguments(pdl):
+def test_the_pdl_knob_picks_the_entry_and_passes_the_same_arguments(pdl, call_path):
     rec = RecordingLibrary()
     launcher = TorchLauncher()
     knobs = Knobs(splits=2, pdl=pdl)
@@ -120,6 +148,18 @@ def test_the_pdl_knob_picks_the_entry_and_passes_the_same_arguments(pdl):
     assert rec.entries == ["E_pdl" if pdl else "E"] * 2
     assert rec.calls[0] == rec.calls[1]
     assert rec.calls[0][9:13] == (0, 0, 2, 0)  # the knobs' integers: pdl is not one of them
+
+
+def test_the_bound_record_is_the_helpers():
+    """The helper loaded (its record's size is the ctypes mirror's, which the loader
+    compares), and a record takes exactly the ABI's integers."""
+    from l2gen import bound
+
+    if bound.caller() is None:
+        pytest.skip("the bound-call helper cannot be built here (no nvcc or host compiler)")
+    assert ctypes.sizeof(bound.Bound) == 80  # entry, 11 ints (+4 padding), workspace, bytes, stream
+    with pytest.raises(ValueError, match="11 integer arguments"):
+        bound.bind(RecordingLibrary().callback, (1, 2, 3), None, 0, 0)
 
 
 def test_pdl_on_a_library_without_the_pdl_entry_is_a_knob_error():
