@@ -55,7 +55,7 @@
 #                  (results named $DISPATCH_NAME, default dispatch)
 #   overhead       bench/host_overhead.py on the GPU: the host time a call adds to torch.matmul's
 #                  (unserved shapes, and --served: a winner serving fresh tensors every call,
-#                  a CUTLASS one and an l2gen decode one)
+#                  a CUTLASS one, with and without the bound-call helper, and an l2gen decode one)
 #   e2e            bench/e2e_llama.py: a Llama-3.1-8B-sized model of E2E_LAYERS (2) layers, random
 #                  weights, with and without l2gen.patch, eager and under CUDA graphs: greedy
 #                  decode at batch 1, 16, 64 and a 2048-token prefill (E2E_ARGS: more options;
@@ -283,9 +283,12 @@ for smem, per in ((200 * 1024, 'one CTA per SM (200 KB)'), (100 * 1024, 'two CTA
       # database whose one winner serves another shape (the unserved path), with and
       # without out=, one whose winner (a CUTLASS sm90a program, built here) serves the
       # timed shape, on fresh tensors every call, and one whose winner is an l2gen decode
-      # program (B stored N x K, called as a patched nn.Linear calls it)
+      # program (B stored N x K, called as a patched nn.Linear calls it); the served CUTLASS
+      # rows again with --direct: every entry argument through ctypes, the path where the
+      # bound-call helper (l2gen/bound.py) cannot be built
       decode="--served --shape 64x4096x4096 --program bench/programs/decode/nk_32x64x128_swap_s8_atomic1.l2"
-      for flags in "" "--winner" "--winner --no-out" "--served" "--served --no-out" "$decode" "$decode --no-out"; do
+      for flags in "" "--winner" "--winner --no-out" "--served" "--served --no-out" "--served --direct" \
+                   "--served --no-out --direct" "$decode" "$decode --no-out"; do
         echo "-- host_overhead.py --device cuda $flags"
         # shellcheck disable=SC2086
         python3 bench/host_overhead.py --device cuda $flags || status=1
