@@ -625,8 +625,9 @@ class TorchLauncher:
         return bool(ok)
 
     def empty(self, like, m: int, n: int):
-        # like's dtype and device, fewer arguments to parse than torch.empty
-        return like.new_empty(m, n) if like.dim() == 2 else like.new_empty(like.shape[:-1] + (n,))
+        # like's dtype and device, fewer arguments to parse than torch.empty; the sizes as
+        # integers (a torch.Size argument is parsed several times slower)
+        return like.new_empty(m, n) if like.dim() == 2 else like.new_empty(*like.shape[:-1], n)
 
     def launch(self, kernel, a, b, out, m: int, n: int, k: int, ldb: int, knobs: Knobs, workspace) -> int:
         buf, nbytes = workspace[:2]

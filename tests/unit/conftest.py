@@ -70,6 +70,9 @@ class CpuLauncher:
         from l2gen.ir import BLayout
 
         nk = kernel is BLayout.NK
+        # a kernel writes C in A's leading dimensions by N, exactly: torch's out= would
+        # resize a C of any other shape and hide the caller's mistake
+        assert out.shape == (*a.shape[:-1], n), f"C is {tuple(out.shape)}, A {tuple(a.shape)}, N {n}"
         self.launches.append({"layout": kernel, "mnk": (m, n, k), "ldb": ldb,
                               "a": a.data_ptr(), "b": b.data_ptr(), "c": out.data_ptr()})
         rows = b.reshape(-1)[: (n if nk else k) * ldb].view(-1, ldb)

@@ -350,6 +350,21 @@ def test_a_served_shapes_later_calls_take_the_hot_path(served_on_cpu, monkeypatc
     assert served_on_cpu.launches[-1]["c"] == out.data_ptr() and served_on_cpu.launches[-1]["b"] == w.data_ptr()
 
 
+def test_the_hot_path_shapes_c_like_a_of_any_rank(served_on_cpu, monkeypatch):
+    """A hot call makes C (or checks the caller's) from A's leading dimensions and N: a
+    3-D activation gets a 3-D result, launched from the hot path each time."""
+    serves = counting_serve(monkeypatch)
+    x, w = randn(2, 32, 512), randn(256, 512)
+    with torch.no_grad():
+        first = linear(x, w)  # learnt: served
+        hot = linear(x, w)
+        out = torch.empty(2, 32, 256, dtype=torch.float16)
+        assert linear(x, w, out=out) is out
+    assert first.shape == hot.shape == (2, 32, 256) and torch.equal(hot, first) and torch.equal(out, first)
+    assert len(serves) == 1 and len(served_on_cpu.launches) == 3
+    assert [l["c"] for l in served_on_cpu.launches[1:]] == [hot.data_ptr(), out.data_ptr()]
+
+
 def test_a_fallback_shapes_later_calls_go_straight_to_torch(served_on_cpu, monkeypatch):
     serves = counting_serve(monkeypatch)
     x, w = randn(64, 256), randn(256, 256)  # a B shape nothing serves
