@@ -117,6 +117,9 @@ def test_empty_is_like_its_model():
     out = TorchLauncher().empty(like, 64, 24)
     assert out.shape == (64, 24) and out.dtype is torch.float16 and out.device == like.device
     assert out.is_contiguous() and not out.requires_grad
+    like = torch.empty((2, 4, 5), dtype=torch.float16)  # A's leading dimensions are C's
+    out = TorchLauncher().empty(like, 8, 24)
+    assert out.shape == (2, 4, 24) and out.dtype is torch.float16 and out.is_contiguous()
 
 
 def test_the_stream_comes_from_torchs_raw_accessor_where_there_is_one(monkeypatch):
