@@ -83,9 +83,9 @@ def _load():
         log.info("l2gen: served calls pass every entry argument through ctypes (%s)", e)
         return None
     lib.l2gen_bound_size.argtypes, lib.l2gen_bound_size.restype = [], ctypes.c_size_t
-    if lib.l2gen_bound_size() != ctypes.sizeof(Bound):
-        log.warning("l2gen: %s's record is %d bytes, l2gen.bound.Bound %d: not used", path,
-                    lib.l2gen_bound_size(), ctypes.sizeof(Bound))
+    size = lib.l2gen_bound_size()
+    if size != ctypes.sizeof(Bound):
+        log.warning("l2gen: %s's record is %d bytes, l2gen.bound.Bound %d: not used", path, size, ctypes.sizeof(Bound))
         return None
     call = lib.l2gen_bound_call
     call.argtypes = [ctypes.c_void_p] * 4
