@@ -54,7 +54,14 @@ SM90_SETUP_US = 0.6  # TMA descriptor prefetch, barrier init, warp-specialized r
 # the time of writing the tile to L2 (1-4 us a 128x256 tile: bench/results/README.md, "The
 # persistent kernel's epilogue").
 EPI_STAGING = 2.5
-DSMEM_TBS = 6.0  # distributed shared memory bandwidth of the whole chip (cluster reduction)
+# l2gen's kernel, split K, from the per-block timelines (H100, bench/results/README.md,
+# "1024^3 and the K-split shapes"): a cluster split of a 128x128 tile spent 1.06 us storing its
+# partial and meeting its peer, then 2.0 us reading and adding the peer's 32 KB half (128 CTAs:
+# ~2 TB/s over the chip); the atomic split of 16-128 KB tiles cost 1.2-5.7 us, growing with
+# the bytes every CTA of the wave adds into L2 at once (~3.3 TB/s over the chip).
+DSMEM_TBS = 2.0  # distributed shared memory, the whole chip (cluster reduction)
+CLUSTER_MEET_US = 1.0  # a cluster split's partial stored and its peers met
+ATOMIC_TBS = 3.3  # L2 additions of an atomic split, the whole chip
 # sm80 split_k ordered: what the last CTA pays per other slot beyond the bytes. Measured
 # (H100, bench/results/2026-12-07-h100-sm80split-{0695e11,318aa74}-*): ordered ran 0.4-0.7 us
 # per slot behind atomic on the same tiles, whether it read one slot a round trip or two.
@@ -257,7 +264,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     t_iter *= 1.0 + 0.06 * max(0, cm * cn - 2)
     t_epi = t.m * t.n * 2 / bw_sm / splits + 0.1
     if splits > 1 and cfg.split_k is SplitK.CLUSTER:
-        t_epi += rows * cols * 4 * (splits - 1) / splits / (DSMEM_TBS * 1e6 / gpu.sms) + 0.3
+        t_epi += rows * cols * 4 * (splits - 1) / splits / (DSMEM_TBS * 1e6 / gpu.sms) + CLUSTER_MEET_US
     elif splits > 1 and cfg.split_k is SplitK.ORDERED:
         # ordered: every split stores its tile into a slot and takes a ticket; the last reads
         # every slot back, sums them in order and zeroes them: the atomic chain, with traffic
@@ -268,6 +275,8 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # back and zeroes it. The last CTA's chain of round trips, whatever the split count
         # (what the per-block timelines measured: bench/results/README.md, "Inside a split").
         t_epi += 1.0 + rows * cols * 4 * 2 / bw_sm
+    # an atomic split's additions contend in L2: this much more for each CTA adding at once
+    t_contend = rows * cols * 4 / (ATOMIC_TBS * 1e6) if splits > 1 and cfg.split_k is SplitK.ATOMIC else 0.0
     looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs per SM of a persistent grid
     capacity = min(held * looping, kn.grid) if kn.grid else held * looping  # its CTAs (the knob grid caps them)
     if kn.decomposition is Decomposition.STREAM_K:
@@ -291,9 +300,9 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         # cores' only users) stage it first: a build without the epilogue ran 4-8% faster
         # (bench/results/README.md, "The persistent kernel's epilogue")
         # (its CTAs take whole units: the last CTA to finish runs ceil(units / capacity) of them)
-        compute = LATENCY_US + _ceil(units, capacity) * (k_iters * t_iter + EPI_STAGING * t_epi)
+        compute = LATENCY_US + _ceil(units, capacity) * (k_iters * t_iter + EPI_STAGING * t_epi + min(units, capacity) * t_contend)
     else:
-        compute = LATENCY_US + waves * (k_iters * t_iter + t_epi)
+        compute = LATENCY_US + waves * (k_iters * t_iter + t_epi + min(units, held * resident) * t_contend)
     return compute, 0.3 + 0.2 * (splits > 1), 0.0
 
 
