@@ -19,7 +19,7 @@ def _learned_model(args):
     for the GPU (same protocol; both B layouts, whose costs the model's features tell apart).
     The rows of many shapes are what make it rank an unseen shape well: fit on the serving
     database's decode and split-K rows alone it ranked other shapes below the analytic
-    model (bench/results/README.md, "What the learned model needs to learn from")."""
+    model (bench/results/2026-12-04-cpu-learned-transfer.txt)."""
     from ..db import DatabaseError, KernelDB
     from ..dispatch import default_db_path
     from ..search.learned import MIN_ROWS, LearnedModel, measured_db_path

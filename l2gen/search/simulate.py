@@ -54,11 +54,12 @@ SM90_SETUP_US = 0.6  # TMA descriptor prefetch, barrier init, warp-specialized r
 # the time of writing the tile to L2 (1-4 us a 128x256 tile: bench/results/README.md, "The
 # persistent kernel's epilogue").
 EPI_STAGING = 2.5
-# l2gen's kernel, split K, from the per-block timelines (H100, bench/results/README.md,
-# "1024^3 and the K-split shapes"): a cluster split of a 128x128 tile spent 1.06 us storing its
-# partial and meeting its peer, then 2.0 us reading and adding the peer's 32 KB half (128 CTAs:
-# ~2 TB/s over the chip); the atomic split of 16-128 KB tiles cost 1.2-5.7 us, growing with
-# the bytes every CTA of the wave adds into L2 at once (~3.3 TB/s over the chip).
+# l2gen's kernel, split K, from the H100's per-block timelines (bench/results/
+# 2026-12-07-h100-timeline-cube1024-791ea51.txt, 2026-12-06-h100-timeline-ksplit256-ed0fdfb.txt,
+# 2026-12-06-h100-timeline-waits-7d11dae.txt): a cluster split of a 128x128 tile spent 1.06 us
+# storing its partial and meeting its peer, then 2.0 us reading and adding the peer's 32 KB
+# half (128 CTAs: ~2 TB/s over the chip); the atomic split of 16-128 KB tiles cost 1.2-5.7 us,
+# growing with the bytes every CTA of the wave adds into L2 at once (~3.3 TB/s over the chip).
 DSMEM_TBS = 2.0  # distributed shared memory, the whole chip (cluster reduction)
 CLUSTER_MEET_US = 1.0  # a cluster split's partial stored and its peers met
 ATOMIC_TBS = 3.3  # L2 additions of an atomic split, the whole chip
