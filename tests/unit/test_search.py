@@ -829,3 +829,19 @@ def test_the_tune_summary_gives_each_shapes_best_against_both_bars_and_their_geo
     assert "s a shape" not in text  # no time taken: no rate to give
     summary.seconds = 30.0
     assert "4 candidates measured in 30 s of wall time (compiles included): 15 s a shape" in summary.table()
+
+
+def test_a_split_of_a_wide_tile_pays_for_its_reduction():
+    """At 1024^3 on an H100 the unsplit 128x64x128 tile (128 CTAs) ran 9.4 us, and 128x128
+    tiles split two ways on the same 128 SMs did not catch it: halving each CTA's bytes
+    saved less than the 3-4 us their reduction of a 64 KB fp32 tile cost, through the
+    cluster (13.1 us) and more through L2 atomics (15.0), which also lost to the unsplit
+    128x128 on 64 CTAs (12.1) (bench/results/2026-12-07-h100-probe-cube1024-791ea51.txt)."""
+    gpu, shape = GPUS["h100"], Shape(1024, 1024, 1024)
+    unsplit = model_us(assemble(Family.SM90_L2GEN, dict(bm=128, bn=64, bk=128, stages=4, split_k=SplitK.ATOMIC)), shape, gpu)
+    wide = {mode: assemble(Family.SM90_L2GEN, dict(bm=128, bn=128, bk=64, stages=6, split_k=mode))
+            for mode in (SplitK.CLUSTER, SplitK.ATOMIC, SplitK.ORDERED)}
+    split = {mode: model_us(p.with_knobs(splits=2), shape, gpu) for mode, p in wide.items()}
+    assert all(unsplit < t for t in split.values())
+    assert split[SplitK.CLUSTER] < split[SplitK.ATOMIC]
+    assert split[SplitK.ATOMIC] > model_us(wide[SplitK.ATOMIC], shape, gpu)
