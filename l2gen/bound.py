@@ -46,8 +46,8 @@ class Bound(ctypes.Structure):
 def bind(entry, ints, workspace: int | None, workspace_bytes: int, stream: int) -> tuple[Bound, ctypes.c_void_p]:
     """A record for ``entry`` (the ctypes function of ``E`` or ``E_pdl``) and a pointer to
     it to pass to the helper; the caller keeps the record alive as long as it calls with
-    the pointer. ``ints``: M, N, K, lda, ldb, ldc and the knobs' values, in ABI order."""
-    ints = tuple(int(v) for v in ints)
+    the pointer. ``ints``: M, N, K, lda, ldb, ldc and the knobs' values, in ABI order, as
+    integers or ctypes ints (``Library.constant_args``)."""
     if len(ints) != BOUND_INTS:
         raise ValueError(f"a bound call takes {BOUND_INTS} integer arguments (entry ABI {ABI_VERSION}), got {len(ints)}")
     record = Bound(ctypes.cast(entry, ctypes.c_void_p).value, (ctypes.c_int * BOUND_INTS)(*ints),

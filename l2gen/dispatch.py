@@ -643,22 +643,21 @@ class TorchLauncher:
         from . import bound
 
         entry = kernel.entry_for(knobs)
+        middle = kernel.constant_args(m, n, k, k, ldb, n, knobs)  # M .. the knobs, in ABI order
         call = bound.caller()
         if call is None:
-            middle = kernel.constant_args(m, n, k, k, ldb, n, knobs)
 
             def run(a, b, out, workspace, stream):
                 return entry(a.data_ptr(), b.data_ptr(), out.data_ptr(), *middle, workspace[2], workspace[1], stream)
 
             return run
 
-        ints = (m, n, k, k, ldb, n, *knobs.as_args())
         records: dict = {}  # stream -> (workspace, record, pointer to it)
 
         def run(a, b, out, workspace, stream):
             r = records.get(stream)
             if r is None or r[0] is not workspace:
-                r = records[stream] = (workspace, *bound.bind(entry, ints, workspace[2], workspace[1], stream))
+                r = records[stream] = (workspace, *bound.bind(entry, middle, workspace[2], workspace[1], stream))
             return call(r[2], a.data_ptr(), b.data_ptr(), out.data_ptr())
 
         return run
