@@ -147,6 +147,115 @@ __global__ void __launch_bounds__(128) tiny_gemm_kernel(const __half* __restrict
       }
 }
 
+
+// ---- shortk_gemm: the output-bound case (K <= 128): C = A (M x K) * B (K x N), row-major ----
+// A CTA computes a 128 x 128 tile with 4 warps (2 x 2, 64 x 64 each). The whole of K lands in
+// shared memory by cp.async at once; then each warp computes its 64 columns in kChunks
+// column groups, and stores each group (staged through a shared buffer of its own, so no
+// barrier: 16-byte coalesced stores) before it multiplies the next: the stores of one group
+// drain while the next is multiplied. kChunks = 1 is the usual order (every MMA, then the
+// whole epilogue). Requires M, N multiples of 128 and K of 16, K <= kK.
+constexpr int kSM = 128, kSN = 128;
+template <int kK>
+struct ShortkSmem {
+  static constexpr int kRowA = kK + 8, kRowB = kSN + 8;
+  static constexpr int kStageHalves = 4 * 64 * (64 + 8);           // a warp's 64 x 64 staging (padded)
+  static constexpr int kBytes = (kSM * kRowA + kK * kRowB + kStageHalves) * 2;
+};
+
+template <int kK, int kChunks>
+__global__ void __launch_bounds__(128) shortk_gemm_kernel(const __half* __restrict__ A,
+                                                          const __half* __restrict__ B,
+                                                          __half* __restrict__ C, int M, int N,
+                                                          int K) {
+  using S = ShortkSmem<kK>;
+  extern __shared__ __align__(128) __half sm[];
+  __half* sA = sm;                             // 128 x kRowA
+  __half* sB = sA + kSM * S::kRowA;            // kK x kRowB
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  __half* sC = sB + kK * S::kRowB + warp * 64 * (64 + 8);  // this warp's staging, 64 x 72
+  const int m0 = blockIdx.y * kSM, n0 = blockIdx.x * kSN;
+  const int kv = K / 8;  // 16-byte vectors per A row
+  for (int v = tid; v < kSM * kv; v += 128) {
+    const int r = v / kv, c = (v % kv) * 8;
+    cp_async16(&sA[r * S::kRowA + c], A + static_cast<long long>(m0 + r) * K + c);
+  }
+  for (int v = tid; v < K * (kSN / 8); v += 128) {
+    const int r = v / (kSN / 8), c = (v % (kSN / 8)) * 8;
+    cp_async16(&sB[r * S::kRowB + c], B + static_cast<long long>(r) * N + n0 + c);
+  }
+  asm volatile("cp.async.commit_group;");
+  asm volatile("cp.async.wait_group 0;");
+  __syncthreads();
+  const int wm = (warp / 2) * 64, wn = (warp % 2) * 64;
+  constexpr int kJ = 8 / kChunks;  // n8 fragments a chunk
+  static_assert(kJ % 2 == 0, "B fragments come in pairs");
+#pragma unroll 1
+  for (int ch = 0; ch < kChunks; ++ch) {
+    float acc[4][kJ][4] = {};
+    const int cn = wn + ch * kJ * 8;  // the chunk's first column in the tile
+#pragma unroll
+    for (int kk = 0; kk < kK; kk += 16) {
+      if (kk >= K) break;
+      uint32_t fa[4][4], fb[kJ][2];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const __half* p = sA + (wm + i * 16 + (lane % 16)) * S::kRowA + kk + (lane / 16) * 8;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
+                     : "r"(smem_u32(p)));
+      }
+#pragma unroll
+      for (int j = 0; j < kJ; j += 2) {
+        const __half* p = sB + (kk + (lane % 16)) * S::kRowB + cn + j * 8 + (lane / 16) * 8;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
+                     : "r"(smem_u32(p)));
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < kJ; ++j)
+          asm volatile(
+              "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+              "{%8,%9}, {%0,%1,%2,%3};"
+              : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+              : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]),
+                "r"(fb[j][1]));
+    }
+    // Stage the chunk (64 rows x kJ*8 columns) in the warp's buffer, then 16-byte stores.
+    __syncwarp();  // the previous chunk's reads of the buffer are done
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < kJ; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<__half2*>(sC + (i * 16 + lane / 4 + h * 8) * 72 + j * 8 + 2 * (lane % 4)) =
+              __floats2half2_rn(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+    __syncwarp();
+    constexpr int kVecRow = kJ;  // 16-byte vectors a row of the chunk
+#pragma unroll
+    for (int v = lane; v < 64 * kVecRow; v += 32) {
+      const int r = v / kVecRow, c = (v % kVecRow) * 8;
+      *reinterpret_cast<uint4*>(C + static_cast<long long>(m0 + wm + r) * N + n0 + cn + c) =
+          *reinterpret_cast<const uint4*>(sC + r * 72 + c);
+    }
+  }
+}
+
+template <int kK, int kChunks>
+int launch_shortk(const void* a, const void* b, void* c, int m, int n, int k, cudaStream_t stream) {
+  auto kernel = shortk_gemm_kernel<kK, kChunks>;
+  const int smem = ShortkSmem<kK>::kBytes;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  kernel<<<dim3(n / kSN, m / kSM), 128, smem, stream>>>(static_cast<const __half*>(a),
+                                                        static_cast<const __half*>(b),
+                                                        static_cast<__half*>(c), m, n, k);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 extern "C" {
@@ -209,6 +318,19 @@ int la_tiny_gemm(const void* a, const void* b, void* c, int m, int n, int k, cud
   tiny_gemm_kernel<<<dim3(n / kTN, m / kTM), 128, 0, stream>>>(
       static_cast<const __half*>(a), static_cast<const __half*>(b), static_cast<__half*>(c), m, n, k);
   return cudaGetLastError();
+}
+
+// shortk_gemm with `chunks` column groups a warp (1, 2 or 4); K <= 128.
+int la_shortk(const void* a, const void* b, void* c, int m, int n, int k, int chunks,
+              cudaStream_t stream) {
+  if (m % kSM || n % kSN || k % 16 || k > 128) return cudaErrorInvalidValue;
+  const bool k64 = k <= 64;
+  switch (chunks) {
+    case 1: return k64 ? launch_shortk<64, 1>(a, b, c, m, n, k, stream) : launch_shortk<128, 1>(a, b, c, m, n, k, stream);
+    case 2: return k64 ? launch_shortk<64, 2>(a, b, c, m, n, k, stream) : launch_shortk<128, 2>(a, b, c, m, n, k, stream);
+    case 4: return k64 ? launch_shortk<64, 4>(a, b, c, m, n, k, stream) : launch_shortk<128, 4>(a, b, c, m, n, k, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // extern "C"

@@ -6,8 +6,11 @@ them round-robin in one loop (rotated, so none is always first), ``--reps`` medi
 pieces (``bench/launch_anatomy.cu``) are empty kernels that differ from the one-thread
 launch floor by one property each (threads, dynamic shared memory, a 384-byte parameter
 block, a cluster attribute), kernels that only load a shape's operands (A and B, from a
-clean L2), only store its output, or both, in one CTA per 64x64 tile, and ``tiny_gemm``: a
-64x64-tile mma.sync GEMM with nothing else in it. A tool for looking, not a benchmark::
+clean L2), only store its output, or both, in one CTA per 64x64 tile, ``tiny_gemm``: a
+64x64-tile mma.sync GEMM with nothing else in it, and, where K <= 128, ``shortk_gemm``: a
+128x128-tile one that multiplies and stores each warp's columns in 1, 2 or 4 groups, so
+that one group's stores drain while the next is multiplied. A tool for looking, not a
+benchmark::
 
     python bench/launch_anatomy.py --shapes 64x64x64,128x128x128 \\
         bench/programs/small/kn_64x64x64_s2.l2 --json out.json
@@ -40,10 +43,10 @@ def build() -> ctypes.CDLL:
     path = build_helper("the launch anatomy probes", "bench", "launch_anatomy", SOURCE,
                         lambda out: [nvcc, "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-shared",
                                      "-gencode=arch=compute_90a,code=sm_90a", str(SOURCE), "-o", out],
-                        version="1")
+                        version="2")
     lib = ctypes.CDLL(str(path))
     for name in ("la_empty", "la_empty_smem", "la_empty_params", "la_empty_cluster", "la_load", "la_store",
-                 "la_load_store", "la_tiny_gemm"):
+                 "la_load_store", "la_tiny_gemm", "la_shortk"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -106,6 +109,12 @@ def main() -> int:
         gemms = [("tiny_gemm (mma.sync 64x64x32, 4 stages)",
                   lambda: check(lib.la_tiny_gemm(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()),
                                                  ctypes.c_void_p(c.data_ptr()), m, n, k, sp), "tiny_gemm"))]
+        if m % 128 == 0 and n % 128 == 0 and k % 16 == 0 and k <= 128:
+            for chunks in (1, 2, 4):
+                gemms.append((f"shortk_gemm (mma.sync 128x128, whole K, {chunks} column groups)",
+                              lambda chunks=chunks: check(lib.la_shortk(
+                                  ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()),
+                                  ctypes.c_void_p(c.data_ptr()), m, n, k, chunks, sp), "shortk_gemm")))
         for p, lib2 in libraries:
             def launch(lib2=lib2):
                 lib2.launch(a, b, c, m, n, k, k, n, n, Knobs(), None, 0, stream.cuda_stream)
