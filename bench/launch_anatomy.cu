@@ -256,6 +256,26 @@ int launch_shortk(const void* a, const void* b, void* c, int m, int n, int k, cu
   return cudaGetLastError();
 }
 
+
+// Stores `n_chunks` chunks of `chunk` bytes (chunk i at i * chunk) by bulk copies from shared
+// memory (cp.async.bulk, the engine TMA stores use), the CTAs taking chunks in turn, every
+// copy in flight at once: how fast one engine per SM writes C, against the threads' stores.
+__global__ void store_bulk_kernel(char* __restrict__ out, int chunk, int n_chunks) {
+  extern __shared__ __align__(128) char buf[];
+  for (int i = threadIdx.x * 16; i < chunk; i += blockDim.x * 16)
+    *reinterpret_cast<int4*>(buf + i) = make_int4(i, 0, 0, 0);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int c = blockIdx.x; c < n_chunks; c += gridDim.x) {
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                   ::"l"(out + static_cast<long long>(c) * chunk), "r"(smem_u32(buf)), "r"(chunk) : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -331,6 +351,17 @@ int la_shortk(const void* a, const void* b, void* c, int m, int n, int k, int ch
     case 4: return k64 ? launch_shortk<64, 4>(a, b, c, m, n, k, stream) : launch_shortk<128, 4>(a, b, c, m, n, k, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// Bulk-copy stores of `bytes` (a multiple of `chunk`, itself of 16) by `blocks` CTAs.
+int la_store_bulk(void* out, int bytes, int blocks, int chunk, cudaStream_t stream) {
+  if (chunk % 16 || bytes % chunk) return cudaErrorInvalidValue;
+  if (chunk > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(store_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, chunk);
+    if (e != cudaSuccess) return e;
+  }
+  store_bulk_kernel<<<blocks, 128, chunk, stream>>>(static_cast<char*>(out), chunk, bytes / chunk);
+  return cudaGetLastError();
 }
 
 }  // extern "C"

@@ -9,8 +9,9 @@ block, a cluster attribute), kernels that only load a shape's operands (A and B,
 clean L2), only store its output, or both, in one CTA per 64x64 tile, ``tiny_gemm``: a
 64x64-tile mma.sync GEMM with nothing else in it, and, where K <= 128, ``shortk_gemm``: a
 128x128-tile one that multiplies and stores each warp's columns in 1, 2 or 4 groups, so
-that one group's stores drain while the next is multiplied. A tool for looking, not a
-benchmark::
+that one group's stores drain while the next is multiplied; and C's bytes stored by few CTAs,
+by the threads or by bulk copies from shared memory (the engine TMA stores use). A tool for
+looking, not a benchmark::
 
     python bench/launch_anatomy.py --shapes 64x64x64,128x128x128 \\
         bench/programs/small/kn_64x64x64_s2.l2 --json out.json
@@ -43,10 +44,10 @@ def build() -> ctypes.CDLL:
     path = build_helper("the launch anatomy probes", "bench", "launch_anatomy", SOURCE,
                         lambda out: [nvcc, "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-shared",
                                      "-gencode=arch=compute_90a,code=sm_90a", str(SOURCE), "-o", out],
-                        version="2")
+                        version="3")
     lib = ctypes.CDLL(str(path))
     for name in ("la_empty", "la_empty_smem", "la_empty_params", "la_empty_cluster", "la_load", "la_store",
-                 "la_load_store", "la_tiny_gemm", "la_shortk"):
+                 "la_load_store", "la_tiny_gemm", "la_shortk", "la_store_bulk"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -104,8 +105,17 @@ def main() -> int:
             ("load A+B, store C, a CTA per 64x64 tile",
              lambda: check(lib.la_load_store(ctypes.c_void_p(src.data_ptr()), in_bytes, ctypes.c_void_p(dst.data_ptr()),
                                              out_bytes, tiles, 128, sp), "load_store")),
-            ("torch.matmul", lambda: torch.matmul(a, b)),
+            ("store C, 132 CTAs x 128 threads", lambda: check(lib.la_store(ctypes.c_void_p(dst.data_ptr()),
+                                                                            out_bytes, 132, 128, sp), "store")),
+            ("store C, 132 CTAs x 512 threads", lambda: check(lib.la_store(ctypes.c_void_p(dst.data_ptr()),
+                                                                            out_bytes, 132, 512, sp), "store")),
         ]
+        for blocks, chunk in ((132, 16384), (132, 32768), (264, 16384), (1056, 4096)):
+            if out_bytes % chunk == 0:
+                settings.append((f"store C by bulk copies, {blocks} CTAs, {chunk // 1024} KB each",
+                                 lambda blocks=blocks, chunk=chunk: check(lib.la_store_bulk(
+                                     ctypes.c_void_p(dst.data_ptr()), out_bytes, blocks, chunk, sp), "store_bulk")))
+        settings.append(("torch.matmul", lambda: torch.matmul(a, b)))
         gemms = [("tiny_gemm (mma.sync 64x64x32, 4 stages)",
                   lambda: check(lib.la_tiny_gemm(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()),
                                                  ctypes.c_void_p(c.data_ptr()), m, n, k, sp), "tiny_gemm"))]
