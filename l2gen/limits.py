@@ -164,7 +164,6 @@ def l2gen_multicast_pieces(program: Program) -> list[tuple[str, int, int]]:
 
 
 L2GEN_SMEM_LIMIT = 232448  # the shared memory a Hopper block may opt into (the template's limit)
-L2GEN_SMEM_PER_SM = 233472  # an H100's or H200's per SM, 1 KB of it reserved per CTA (kSmemPerSm)
 
 
 def l2gen_tma_store(cfg: Sm90L2genConfig) -> bool:
@@ -183,14 +182,11 @@ def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int, int]:
     staging = cfg.tile.m * (cfg.tile.n + 8) * 2  # the tile of C, rows padded by 8 halves
     reduce = rows * cols * 4 if cfg.split_k is SplitK.CLUSTER else 0
     loop_staging = staging
-    if l2gen_tma_store(cfg):  # boxes of 64 columns (128 bytes) by the tile's rows: two
-        box = cfg.tile.m * 128  # tiles' worth where that costs no CTA per SM, else one per
-        boxes = cfg.tile.n // 64  # box of the tile where they fit, else two, else one
+    if l2gen_tma_store(cfg):  # boxes of 64 columns (128 bytes) by the tile's rows: one per
+        box = cfg.tile.m * 128  # box of the tile where they fit, else two, else one
+        boxes = cfg.tile.n // 64
         apart = -(-(max(pipeline, reduce + staging) + barriers) // 1024) * 1024
-        one, two = apart + boxes * box + 1024, apart + 2 * boxes * box + 1024
-        if two <= L2GEN_SMEM_LIMIT and L2GEN_SMEM_PER_SM // (two + 1024) == L2GEN_SMEM_PER_SM // (one + 1024):
-            loop_staging = 2 * boxes * box
-        elif one <= L2GEN_SMEM_LIMIT:
+        if apart + boxes * box + 1024 <= L2GEN_SMEM_LIMIT:
             loop_staging = boxes * box
         else:
             two = boxes >= 2 and apart + 2 * box + 1024 <= L2GEN_SMEM_LIMIT

@@ -4,36 +4,34 @@ kPersistentSmemBytes are these numbers)."""
 
 import pytest
 
-from l2gen.limits import L2GEN_SMEM_PER_SM, l2gen_persistent_smem_bytes, l2gen_smem_bytes
+from l2gen.limits import l2gen_persistent, l2gen_persistent_smem_bytes, l2gen_smem_bytes
 from l2gen.parse import parse
 from tests.unit.programs import l2gen
 
+H100_SMEM_PER_BLOCK = 232448
 
-def _cfg(body: str):
-    return parse(l2gen(f"b kn {body}")).config
-
-
-# (program body, bytes of the one-unit launch, bytes of the persistent one, C tiles staged)
+# (program body, bytes of the one-unit launch, bytes of the persistent one)
 CASES = [
-    # 160 KB with one tile's two 16 KB boxes: a second tile's still leaves one CTA an SM
-    ("tile 128 x 128 x 64 stages 4", 132176, 198656, 2),
-    # 64 x 64: three CTAs an SM with one tile's box, two with two: one tile
-    ("tile 64 x 64 x 64 stages 4", 66640, 75776, 1),
-    # 128 x 256 on 4 stages: one tile's four boxes do not fit beside the pipeline; two do
-    ("tile 128 x 256 x 64 stages 4", 197712, 231424, None),
-    # a split of K reduces and stores through the threads: no TMA boxes
-    ("tile 128 x 128 x 64 stages 4 split_k atomic", 132176, 167936, None),
+    # the pipeline (4 x 32 KB) and 80 bytes of barriers, 1 KB aligned, then the tile's two
+    # 16 KB TMA-store boxes apart from it, + 1 KB to align the base
+    ("tile 128 x 128 x 64 stages 4", 131072 + 80 + 1024, 132096 + 2 * 16384 + 1024),
+    ("tile 64 x 64 x 64 stages 4", 65536 + 80 + 1024, 66560 + 8192 + 1024),
+    # 128 x 256 on 4 stages: the tile's four boxes do not fit beside the pipeline; two do
+    ("tile 128 x 256 x 64 stages 4", 196608 + 80 + 1024, 197632 + 2 * 16384 + 1024),
+    # a split of K stages the tile in padded rows for the threads' stores: no TMA boxes
+    ("tile 128 x 128 x 64 stages 4 split_k atomic", 131072 + 80 + 1024, 132096 + 128 * 136 * 2 + 1024),
 ]
 
 
-@pytest.mark.parametrize("body, one_unit, persistent, tiles", CASES)
-def test_the_persistent_kernel_stages_two_tiles_of_c_only_where_no_cta_per_sm_is_lost(body, one_unit, persistent, tiles):
-    cfg = _cfg(body)
+@pytest.mark.parametrize("body, one_unit, persistent", CASES)
+def test_the_persistent_kernel_keeps_its_epilogue_buffers_apart_from_the_pipeline(body, one_unit, persistent):
+    cfg = parse(l2gen(f"b kn {body}")).config
     assert l2gen_smem_bytes(cfg) == one_unit
     assert l2gen_persistent_smem_bytes(cfg) == persistent
-    if tiles is not None:
-        box_bytes = cfg.tile.m * 128 * (cfg.tile.n // 64)  # one tile of C in 64-column boxes
-        one_tile = persistent - (tiles - 1) * box_bytes
-        assert L2GEN_SMEM_PER_SM // (persistent + 1024) == L2GEN_SMEM_PER_SM // (one_tile + 1024)
-        if tiles == 1:  # a second tile would have cost an SM a CTA
-            assert L2GEN_SMEM_PER_SM // (persistent + box_bytes + 1024) < L2GEN_SMEM_PER_SM // (persistent + 1024)
+    assert l2gen_persistent(cfg, H100_SMEM_PER_BLOCK)
+
+
+def test_a_kernel_whose_epilogue_does_not_fit_apart_runs_one_unit_per_cta():
+    cfg = parse(l2gen("b kn tile 128 x 256 x 64 stages 4 split_k atomic")).config  # 192 KB + 68 KB
+    assert l2gen_smem_bytes(cfg) <= H100_SMEM_PER_BLOCK
+    assert not l2gen_persistent(cfg, H100_SMEM_PER_BLOCK)
