@@ -12,7 +12,7 @@ metrics+=",lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.av
 metrics+=",launch__grid_size,launch__cluster_dim_x,smsp__warps_issue_stalled_no_instruction.sum"
 metrics+=",regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 metrics+=${NCU_METRICS:+,$NCU_METRICS}   # more, comma-separated
-ncu --clock-control none --cache-control all --metrics "$metrics" -k regex:'gemm_kernel|gemv|nvjet|sm90_xmma|cutlass' \
+ncu --clock-control none --cache-control all --metrics "$metrics" -k regex:'gemm_kernel|device_kernel|gemv|nvjet|sm90_xmma|cutlass' \
   python3 bench/probe.py "$program" --shape "$shape" --splits "$splits" --once 2>&1 |
   grep -vE '^==PROF==|^ +-{8}|Section:|Metric Name' |
   awk '!/^    [a-z]/ || ($NF != "0" && $NF != "0.00")'   # metric rows that are not zero
