@@ -71,6 +71,24 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src));
 }
+// A 16x16 A fragment (ldmatrix x4) and two 16x8 B fragments of a K x N row-major tile
+// (ldmatrix x4 trans), from the 16-byte rows each lane points at.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&f)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&f0)[2], uint32_t (&f1)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(f0[0]), "=r"(f0[1]), "=r"(f1[0]), "=r"(f1[1]) : "r"(smem_u32(p)));
+}
+// d += a * b, m16n8k16, fp16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 
 __global__ void __launch_bounds__(128) tiny_gemm_kernel(const __half* __restrict__ A,
                                                         const __half* __restrict__ B,
@@ -108,29 +126,15 @@ __global__ void __launch_bounds__(128) tiny_gemm_kernel(const __half* __restrict
     for (int kk = 0; kk < kTK; kk += 16) {
       uint32_t fa[2][4], fb[4][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {  // 16x16 A fragment: ldmatrix x4
-        const __half* p = a + (wm + i * 16 + (lane % 16)) * kRowA + kk + (lane / 16) * 8;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
-                     : "r"(smem_u32(p)));
-      }
+      for (int i = 0; i < 2; ++i)  // 16x16 A fragments
+        ldsm_x4(fa[i], a + (wm + i * 16 + (lane % 16)) * kRowA + kk + (lane / 16) * 8);
 #pragma unroll
-      for (int j = 0; j < 4; j += 2) {  // two 16x8 B fragments: ldmatrix x4 trans
-        const __half* p = b + (kk + (lane % 16)) * kRowB + wn + j * 8 + (lane / 16) * 8;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
-                     : "r"(smem_u32(p)));
-      }
+      for (int j = 0; j < 4; j += 2)  // two 16x8 B fragments a load
+        ldsm_x4_trans(fb[j], fb[j + 1], b + (kk + (lane % 16)) * kRowB + wn + j * 8 + (lane / 16) * 8);
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          asm volatile(
-              "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-              "{%8,%9}, {%0,%1,%2,%3};"
-              : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-              : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]),
-                "r"(fb[j][1]));
+        for (int j = 0; j < 4; ++j) mma_16816(acc[i][j], fa[i], fb[j]);
     }
   }
   // Accumulator (i, j): rows wm + 16 i + lane / 4 (+8), columns wn + 8 j + 2 (lane % 4).
@@ -199,29 +203,15 @@ __global__ void __launch_bounds__(128) shortk_gemm_kernel(const __half* __restri
       if (kk >= K) break;
       uint32_t fa[4][4], fb[kJ][2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const __half* p = sA + (wm + i * 16 + (lane % 16)) * S::kRowA + kk + (lane / 16) * 8;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(fa[i][0]), "=r"(fa[i][1]), "=r"(fa[i][2]), "=r"(fa[i][3])
-                     : "r"(smem_u32(p)));
-      }
+      for (int i = 0; i < 4; ++i)
+        ldsm_x4(fa[i], sA + (wm + i * 16 + (lane % 16)) * S::kRowA + kk + (lane / 16) * 8);
 #pragma unroll
-      for (int j = 0; j < kJ; j += 2) {
-        const __half* p = sB + (kk + (lane % 16)) * S::kRowB + cn + j * 8 + (lane / 16) * 8;
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(fb[j][0]), "=r"(fb[j][1]), "=r"(fb[j + 1][0]), "=r"(fb[j + 1][1])
-                     : "r"(smem_u32(p)));
-      }
+      for (int j = 0; j < kJ; j += 2)
+        ldsm_x4_trans(fb[j], fb[j + 1], sB + (kk + (lane % 16)) * S::kRowB + cn + j * 8 + (lane / 16) * 8);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < kJ; ++j)
-          asm volatile(
-              "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-              "{%8,%9}, {%0,%1,%2,%3};"
-              : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
-              : "r"(fa[i][0]), "r"(fa[i][1]), "r"(fa[i][2]), "r"(fa[i][3]), "r"(fb[j][0]),
-                "r"(fb[j][1]));
+        for (int j = 0; j < kJ; ++j) mma_16816(acc[i][j], fa[i], fb[j]);
     }
     // Stage the chunk (64 rows x kJ*8 columns) in the warp's buffer, then 16-byte stores.
     __syncwarp();  // the previous chunk's reads of the buffer are done
