@@ -163,7 +163,8 @@ constexpr int kSM = 128, kSN = 128;
 template <int kK>
 struct ShortkSmem {
   static constexpr int kRowA = kK + 8, kRowB = kSN + 8;
-  static constexpr int kStageHalves = 4 * 64 * (64 + 8);           // a warp's 64 x 64 staging (padded)
+  static constexpr int kLdC = 64 + 8;                    // a warp's staging row: 64 columns, padded
+  static constexpr int kStageHalves = 4 * 64 * kLdC;     // four warps' 64 x 64 staging
   static constexpr int kBytes = (kSM * kRowA + kK * kRowB + kStageHalves) * 2;
 };
 
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(128) shortk_gemm_kernel(const __half* __restri
   __half* sA = sm;                             // 128 x kRowA
   __half* sB = sA + kSM * S::kRowA;            // kK x kRowB
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  __half* sC = sB + kK * S::kRowB + warp * 64 * (64 + 8);  // this warp's staging, 64 x 72
+  __half* sC = sB + kK * S::kRowB + warp * 64 * S::kLdC;  // this warp's staging
   const int m0 = blockIdx.y * kSM, n0 = blockIdx.x * kSN;
   const int kv = K / 8;  // 16-byte vectors per A row
   for (int v = tid; v < kSM * kv; v += 128) {
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(128) shortk_gemm_kernel(const __half* __restri
       for (int j = 0; j < kJ; ++j)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<__half2*>(sC + (i * 16 + lane / 4 + h * 8) * 72 + j * 8 + 2 * (lane % 4)) =
+          *reinterpret_cast<__half2*>(sC + (i * 16 + lane / 4 + h * 8) * S::kLdC + j * 8 + 2 * (lane % 4)) =
               __floats2half2_rn(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
     __syncwarp();
     constexpr int kVecRow = kJ;  // 16-byte vectors a row of the chunk
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(128) shortk_gemm_kernel(const __half* __restri
     for (int v = lane; v < 64 * kVecRow; v += 32) {
       const int r = v / kVecRow, c = (v % kVecRow) * 8;
       *reinterpret_cast<uint4*>(C + static_cast<long long>(m0 + wm + r) * N + n0 + cn + c) =
-          *reinterpret_cast<const uint4*>(sC + r * 72 + c);
+          *reinterpret_cast<const uint4*>(sC + r * S::kLdC + c);
     }
   }
 }

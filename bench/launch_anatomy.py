@@ -105,11 +105,11 @@ def main() -> int:
             ("load A+B, store C, a CTA per 64x64 tile",
              lambda: check(lib.la_load_store(ctypes.c_void_p(src.data_ptr()), in_bytes, ctypes.c_void_p(dst.data_ptr()),
                                              out_bytes, tiles, 128, sp), "load_store")),
-            ("store C, 132 CTAs x 128 threads", lambda: check(lib.la_store(ctypes.c_void_p(dst.data_ptr()),
-                                                                            out_bytes, 132, 128, sp), "store")),
-            ("store C, 132 CTAs x 512 threads", lambda: check(lib.la_store(ctypes.c_void_p(dst.data_ptr()),
-                                                                            out_bytes, 132, 512, sp), "store")),
         ]
+        for threads in (128, 512):
+            settings.append((f"store C, 132 CTAs x {threads} threads",
+                             lambda threads=threads: check(lib.la_store(ctypes.c_void_p(dst.data_ptr()), out_bytes,
+                                                                        132, threads, sp), "store")))
         for blocks, chunk in ((132, 16384), (132, 32768), (264, 16384), (1056, 4096)):
             if out_bytes % chunk == 0:
                 settings.append((f"store C by bulk copies, {blocks} CTAs, {chunk // 1024} KB each",

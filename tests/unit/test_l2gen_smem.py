@@ -6,9 +6,10 @@ import pytest
 
 from l2gen.limits import l2gen_persistent, l2gen_persistent_smem_bytes, l2gen_smem_bytes
 from l2gen.parse import parse
+from l2gen.targets import GPUS
 from tests.unit.programs import l2gen
 
-H100_SMEM_PER_BLOCK = 232448
+H100_SMEM_PER_BLOCK = GPUS["h100"].smem_per_block
 
 # (program body, bytes of the one-unit launch, bytes of the persistent one)
 CASES = [
