@@ -267,6 +267,110 @@ __global__ void store_bulk_kernel(char* __restrict__ out, int chunk, int n_chunk
   }
 }
 
+// ---- tile_traffic: a GEMM's memory traffic without its MMAs (K-contiguous A m x k, B n x k) ----
+// `gridDim.x` CTAs loop over the tm x tn tiles of C (m x n, row-major) as a persistent GEMM
+// does, each unit (tile) doing what the GEMM's would, minus the math:
+//   load  0: nothing; 1: its A tile (tm x k) and B tile (tn x k) into shared memory by bulk
+//         copies (the engine TMA loads use), the next unit's issued before this one's wait
+//         (two buffers, as a producer runs a unit ahead); 2: the same with B kept resident:
+//         each CTA takes a run of consecutive units down a column of tiles and loads B only
+//         when its column changes (what a kernel keeping its B tile would read).
+//   spin  cycles one thread waits per unit (the MMAs' time), after its loads landed.
+//   store 0: nothing; 1: the tile's tm rows by bulk copies from shared memory (TMA store's
+//         engine), waiting before the issue until at most `inflight` earlier tiles' copies
+//         are still reading shared memory (0: one staging buffer, 1: two; -1: never);
+//         2: the threads' 16-byte stores, row by row.
+// Units are strided over the CTAs along N (load 0 and 1), as l2gen's persistent kernel
+// takes them. A tool for finding which of a short-K GEMM's bytes bound it, not a GEMM.
+struct TileTraffic {
+  char* c;
+  const char* a;
+  const char* b;
+  int m, n, k, tm, tn, load, spin, store, inflight;
+};
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+
+__global__ void __launch_bounds__(128) tile_traffic_kernel(const __grid_constant__ TileTraffic p) {
+  extern __shared__ __align__(1024) char smem[];
+  const int tiles_m = p.m / p.tm, tiles_n = p.n / p.tn, units = tiles_m * tiles_n;
+  const int a_bytes = p.tm * p.k * 2, b_bytes = p.tn * p.k * 2, buf = a_bytes + b_bytes;
+  char* row = smem + 2 * buf;                                      // the bytes every row stores
+  uint64_t* bar = reinterpret_cast<uint64_t*>(row + ((p.tn * 2 + 15) / 16) * 16);
+  const bool resident = p.load == 2;
+  int first, step, count;
+  if (resident) {
+    const int per = (units + gridDim.x - 1) / gridDim.x;
+    first = blockIdx.x * per, step = 1, count = max(0, min(per, units - first));
+  } else {
+    first = blockIdx.x, step = gridDim.x, count = first < units ? (units - first + step - 1) / step : 0;
+  }
+  auto tile_of = [&](int j, int& r, int& c) {
+    const int u = first + j * step;
+    if (resident) r = u % tiles_m, c = u / tiles_m;
+    else r = u / tiles_n, c = u % tiles_n;
+  };
+  for (int i = threadIdx.x * 16; i < p.tn * 2; i += blockDim.x * 16)
+    *reinterpret_cast<int4*>(row + i) = make_int4(i, 0, 0, 0);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar + s)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  int loaded_col = -1;
+  auto issue = [&](int j) {  // thread 0: unit j's loads into buffer j % 2
+    int r, c;
+    tile_of(j, r, c);
+    const bool with_b = !resident || c != loaded_col;
+    loaded_col = c;
+    char* dst = smem + (j & 1) * buf;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(smem_u32(bar + (j & 1))), "r"(a_bytes + (with_b ? b_bytes : 0)) : "memory");
+    bulk_load(dst, p.a + static_cast<long long>(r) * a_bytes, a_bytes, bar + (j & 1));
+    if (with_b) bulk_load(dst + a_bytes, p.b + static_cast<long long>(c) * b_bytes, b_bytes, bar + (j & 1));
+  };
+  if (threadIdx.x == 0 && p.load && count > 0) issue(0);
+  for (int j = 0; j < count; ++j) {
+    int r, c;
+    tile_of(j, r, c);
+    if (threadIdx.x == 0) {
+      if (p.load) {
+        if (j + 1 < count) issue(j + 1);
+        const uint32_t addr = smem_u32(bar + (j & 1)), parity = (j >> 1) & 1;
+        uint32_t done = 0;
+        while (!done)
+          asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                       : "=r"(done) : "r"(addr), "r"(parity) : "memory");
+      }
+      const long long until = clock64() + p.spin;
+      while (clock64() < until) {}
+      if (p.store == 1) {
+        if (p.inflight == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        if (p.inflight == 1) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+        char* dst = p.c + (static_cast<long long>(r) * p.tm * p.n + static_cast<long long>(c) * p.tn) * 2;
+        for (int i = 0; i < p.tm; ++i)
+          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                       ::"l"(dst + static_cast<long long>(i) * p.n * 2), "r"(smem_u32(row)), "r"(p.tn * 2) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+    }
+    __syncthreads();
+    if (p.store == 2) {
+      const int per_row = p.tn / 8;  // 16-byte vectors in a row of the tile
+      char* base = p.c + (static_cast<long long>(r) * p.tm * p.n + static_cast<long long>(c) * p.tn) * 2;
+      for (int v = threadIdx.x; v < p.tm * per_row; v += blockDim.x)
+        *reinterpret_cast<int4*>(base + (static_cast<long long>(v / per_row) * p.n + (v % per_row) * 8) * 2) =
+            make_int4(v, r, c, 0);
+    }
+  }
+  if (threadIdx.x == 0 && p.store == 1) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 }  // namespace
 
 extern "C" {
@@ -352,6 +456,19 @@ int la_store_bulk(void* out, int bytes, int blocks, int chunk, cudaStream_t stre
     if (e != cudaSuccess) return e;
   }
   store_bulk_kernel<<<blocks, 128, chunk, stream>>>(static_cast<char*>(out), chunk, bytes / chunk);
+  return cudaGetLastError();
+}
+
+// The tile_traffic kernel (above) on `blocks` CTAs; m % tm == n % tn == 0, k % 8 == 0.
+int la_tile_traffic(void* c, const void* a, const void* b, int m, int n, int k, int tm, int tn, int blocks,
+                    int load, int spin, int store, int inflight, cudaStream_t stream) {
+  if (m % tm || n % tn || k % 8 || tn % 8) return cudaErrorInvalidValue;
+  const int smem = 2 * (tm + tn) * k * 2 + ((tn * 2 + 15) / 16) * 16 + 16;
+  const cudaError_t e = cudaFuncSetAttribute(tile_traffic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const TileTraffic p = {static_cast<char*>(c), static_cast<const char*>(a), static_cast<const char*>(b),
+                         m, n, k, tm, tn, load, spin, store, inflight};
+  tile_traffic_kernel<<<blocks, 128, smem, stream>>>(p);
   return cudaGetLastError();
 }
 

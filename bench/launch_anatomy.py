@@ -10,7 +10,9 @@ clean L2), only store its output, or both, in one CTA per 64x64 tile, ``tiny_gem
 64x64-tile mma.sync GEMM with nothing else in it, and, where K <= 128, ``shortk_gemm``: a
 128x128-tile one that multiplies and stores each warp's columns in 1, 2 or 4 groups, so
 that one group's stores drain while the next is multiplied; and C's bytes stored by few CTAs,
-by the threads or by bulk copies from shared memory (the engine TMA stores use). A tool for
+by the threads or by bulk copies from shared memory (the engine TMA stores use); and, where
+K <= 256, a short-K GEMM's traffic without its math (``tile_traffic``: each 128x128 or 256x128
+tile's A and B loaded, a spin for its MMAs, its rows stored), piece by piece. A tool for
 looking, not a benchmark::
 
     python bench/launch_anatomy.py --shapes 64x64x64,128x128x128 \\
@@ -44,12 +46,49 @@ def build() -> ctypes.CDLL:
     path = build_helper("the launch anatomy probes", "bench", "launch_anatomy", SOURCE,
                         lambda out: [nvcc, "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-shared",
                                      "-gencode=arch=compute_90a,code=sm_90a", str(SOURCE), "-o", out],
-                        version="3")
+                        version="4")
     lib = ctypes.CDLL(str(path))
     for name in ("la_empty", "la_empty_smem", "la_empty_params", "la_empty_cluster", "la_load", "la_store",
-                 "la_load_store", "la_tiny_gemm", "la_shortk", "la_store_bulk"):
+                 "la_load_store", "la_tiny_gemm", "la_shortk", "la_store_bulk", "la_tile_traffic"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
+
+
+# tile_traffic variants: (label, load, spin in units of the tile's MMA cycles, store, inflight)
+TRAFFIC = (
+    ("stores (bulk)", 0, 0.0, 1, -1),
+    ("stores (threads)", 0, 0.0, 2, -1),
+    ("loads", 1, 0.0, 0, -1),
+    ("loads + stores", 1, 0.0, 1, -1),
+    ("loads + MMA time + stores", 1, 1.2, 1, -1),
+    ("loads + MMA time + stores, 1 staging buffer", 1, 1.2, 1, 0),
+    ("loads + MMA time + stores, 2 staging buffers", 1, 1.2, 1, 1),
+    ("B resident: loads + stores", 2, 0.0, 1, -1),
+    ("B resident: loads + MMA time + stores", 2, 1.2, 1, -1),
+)
+
+
+def traffic_settings(lib, m: int, n: int, k: int, sp, check) -> list:
+    """A short-K GEMM's traffic without its math (bench/launch_anatomy.cu's tile_traffic) on
+    132 CTAs in 128x128 and 256x128 tiles; the MMA time a spin of 1.2x the tile's cycles at
+    the tensor cores' peak of 4096 FLOP a cycle."""
+    if k > 256 or k % 8:
+        return []
+    a = torch.zeros(m * k, dtype=torch.float16, device="cuda")
+    b = torch.zeros(n * k, dtype=torch.float16, device="cuda")
+    c = torch.empty(m * n, dtype=torch.float16, device="cuda")
+    out = []
+    for tm, tn in ((128, 128), (256, 128)):
+        if m % tm or n % tn:
+            continue
+        cycles = 2 * tm * tn * k / 4096
+        for label, load, spin, store, inflight in TRAFFIC:
+            def launch(tm=tm, tn=tn, load=load, spin=int(spin * cycles), store=store, inflight=inflight):
+                check(lib.la_tile_traffic(ctypes.c_void_p(c.data_ptr()), ctypes.c_void_p(a.data_ptr()),
+                                          ctypes.c_void_p(b.data_ptr()), m, n, k, tm, tn, 132, load, spin, store,
+                                          inflight, sp), "tile_traffic")
+            out.append((f"traffic {tm}x{tn}, 132 CTAs: {label}", launch))
+    return out
 
 
 def main() -> int:
@@ -115,6 +154,7 @@ def main() -> int:
                 settings.append((f"store C by bulk copies, {blocks} CTAs, {chunk // 1024} KB each",
                                  lambda blocks=blocks, chunk=chunk: check(lib.la_store_bulk(
                                      ctypes.c_void_p(dst.data_ptr()), out_bytes, blocks, chunk, sp), "store_bulk")))
+        settings += traffic_settings(lib, m, n, k, sp, check)
         settings.append(("torch.matmul", lambda: torch.matmul(a, b)))
         gemms = [("tiny_gemm (mma.sync 64x64x32, 4 stages)",
                   lambda: check(lib.la_tiny_gemm(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()),
@@ -155,9 +195,10 @@ def main() -> int:
 
     labels = list(dict.fromkeys(label for r in rows.values() for label in r))
     shapes = list(rows)
-    print(f"{'event time after a clean flush, median us':60s}" + "".join(f"{s:>14s}" for s in shapes))
+    width = max(len(label) for label in labels)
+    print(f"{'event time after a clean flush, median us':{width}s}" + "".join(f"{s:>14s}" for s in shapes))
     for label in labels:
-        print(f"{label[:60]:60s}" + "".join(f"{rows[s][label]:14.2f}" if label in rows[s] else f"{'-':>14s}"
+        print(f"{label:{width}s}" + "".join(f"{rows[s][label]:14.2f}" if label in rows[s] else f"{'-':>14s}"
                                             for s in shapes))
     if args.json:
         Path(args.json).write_text(json.dumps({"reps": args.reps, "rows": rows}, indent=1))
