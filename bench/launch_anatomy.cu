@@ -271,8 +271,8 @@ __global__ void store_bulk_kernel(char* __restrict__ out, int chunk, int n_chunk
 // `gridDim.x` CTAs loop over the tm x tn tiles of C (m x n, row-major) as a persistent GEMM
 // does, each unit (tile) doing what the GEMM's would, minus the math:
 //   load  0: nothing; 1: its A tile (tm x k) and B tile (tn x k) into shared memory by bulk
-//         copies (the engine TMA loads use), the next unit's issued before this one's wait
-//         (two buffers, as a producer runs a unit ahead); 2: the same with B kept resident:
+//         copies (the engine TMA loads use), `buffers` - 1 units ahead of the one waited for
+//         (as a producer runs ahead of its consumers); 2: the same with B kept resident:
 //         each CTA takes a run of consecutive units down a column of tiles and loads B only
 //         when its column changes (what a kernel keeping its B tile would read).
 //   spin  cycles one thread waits per unit (the MMAs' time), after its loads landed.
@@ -286,7 +286,7 @@ struct TileTraffic {
   char* c;
   const char* a;
   const char* b;
-  int m, n, k, tm, tn, load, spin, store, inflight;
+  int m, n, k, tm, tn, load, spin, store, inflight, buffers;
 };
 
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(128) tile_traffic_kernel(const __grid_constant
   extern __shared__ __align__(1024) char smem[];
   const int tiles_m = p.m / p.tm, tiles_n = p.n / p.tn, units = tiles_m * tiles_n;
   const int a_bytes = p.tm * p.k * 2, b_bytes = p.tn * p.k * 2, buf = a_bytes + b_bytes;
-  char* row = smem + 2 * buf;                                      // the bytes every row stores
+  const int nb = p.buffers;
+  char* row = smem + nb * buf;                                      // the bytes every row stores
   uint64_t* bar = reinterpret_cast<uint64_t*>(row + ((p.tn * 2 + 15) / 16) * 16);
   const bool resident = p.load == 2;
   int first, step, count;
@@ -316,32 +317,34 @@ __global__ void __launch_bounds__(128) tile_traffic_kernel(const __grid_constant
   for (int i = threadIdx.x * 16; i < p.tn * 2; i += blockDim.x * 16)
     *reinterpret_cast<int4*>(row + i) = make_int4(i, 0, 0, 0);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 2; ++s)
+    for (int s = 0; s < nb; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar + s)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   int loaded_col = -1;
-  auto issue = [&](int j) {  // thread 0: unit j's loads into buffer j % 2
+  auto issue = [&](int j) {  // thread 0: unit j's loads into buffer j % nb
     int r, c;
     tile_of(j, r, c);
     const bool with_b = !resident || c != loaded_col;
     loaded_col = c;
-    char* dst = smem + (j & 1) * buf;
+    char* dst = smem + (j % nb) * buf;
+    uint64_t* full = bar + j % nb;
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 ::"r"(smem_u32(bar + (j & 1))), "r"(a_bytes + (with_b ? b_bytes : 0)) : "memory");
-    bulk_load(dst, p.a + static_cast<long long>(r) * a_bytes, a_bytes, bar + (j & 1));
-    if (with_b) bulk_load(dst + a_bytes, p.b + static_cast<long long>(c) * b_bytes, b_bytes, bar + (j & 1));
+                 ::"r"(smem_u32(full)), "r"(a_bytes + (with_b ? b_bytes : 0)) : "memory");
+    bulk_load(dst, p.a + static_cast<long long>(r) * a_bytes, a_bytes, full);
+    if (with_b) bulk_load(dst + a_bytes, p.b + static_cast<long long>(c) * b_bytes, b_bytes, full);
   };
-  if (threadIdx.x == 0 && p.load && count > 0) issue(0);
+  if (threadIdx.x == 0 && p.load)
+    for (int j = 0; j < nb - 1 && j < count; ++j) issue(j);
   for (int j = 0; j < count; ++j) {
     int r, c;
     tile_of(j, r, c);
     if (threadIdx.x == 0) {
       if (p.load) {
-        if (j + 1 < count) issue(j + 1);
-        const uint32_t addr = smem_u32(bar + (j & 1)), parity = (j >> 1) & 1;
+        if (j + nb - 1 < count) issue(j + nb - 1);  // into the buffer unit j - 1 left
+        const uint32_t addr = smem_u32(bar + j % nb), parity = (j / nb) & 1;
         uint32_t done = 0;
         while (!done)
           asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
@@ -459,15 +462,16 @@ int la_store_bulk(void* out, int bytes, int blocks, int chunk, cudaStream_t stre
   return cudaGetLastError();
 }
 
-// The tile_traffic kernel (above) on `blocks` CTAs; m % tm == n % tn == 0, k % 8 == 0.
+// The tile_traffic kernel (above) on `blocks` CTAs; m % tm == n % tn == 0, k % 8 == 0,
+// 2 <= buffers <= 8 and their bytes within a block's shared memory (else the launch fails).
 int la_tile_traffic(void* c, const void* a, const void* b, int m, int n, int k, int tm, int tn, int blocks,
-                    int load, int spin, int store, int inflight, cudaStream_t stream) {
-  if (m % tm || n % tn || k % 8 || tn % 8) return cudaErrorInvalidValue;
-  const int smem = 2 * (tm + tn) * k * 2 + ((tn * 2 + 15) / 16) * 16 + 16;
+                    int load, int spin, int store, int inflight, int buffers, cudaStream_t stream) {
+  if (m % tm || n % tn || k % 8 || tn % 8 || buffers < 2 || buffers > 8) return cudaErrorInvalidValue;
+  const int smem = buffers * (tm + tn) * k * 2 + ((tn * 2 + 15) / 16) * 16 + 8 * buffers;
   const cudaError_t e = cudaFuncSetAttribute(tile_traffic_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const TileTraffic p = {static_cast<char*>(c), static_cast<const char*>(a), static_cast<const char*>(b),
-                         m, n, k, tm, tn, load, spin, store, inflight};
+                         m, n, k, tm, tn, load, spin, store, inflight, buffers};
   tile_traffic_kernel<<<blocks, 128, smem, stream>>>(p);
   return cudaGetLastError();
 }

@@ -46,7 +46,7 @@ def build() -> ctypes.CDLL:
     path = build_helper("the launch anatomy probes", "bench", "launch_anatomy", SOURCE,
                         lambda out: [nvcc, "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-shared",
                                      "-gencode=arch=compute_90a,code=sm_90a", str(SOURCE), "-o", out],
-                        version="4")
+                        version="5")
     lib = ctypes.CDLL(str(path))
     for name in ("la_empty", "la_empty_smem", "la_empty_params", "la_empty_cluster", "la_load", "la_store",
                  "la_load_store", "la_tiny_gemm", "la_shortk", "la_store_bulk", "la_tile_traffic"):
@@ -54,24 +54,30 @@ def build() -> ctypes.CDLL:
     return lib
 
 
-# tile_traffic variants: (label, load, spin in units of the tile's MMA cycles, store, inflight)
+# tile_traffic variants: (label, load, spin in units of the tile's MMA cycles, store, inflight,
+# load buffers: units in flight)
 TRAFFIC = (
-    ("stores (bulk)", 0, 0.0, 1, -1),
-    ("stores (threads)", 0, 0.0, 2, -1),
-    ("loads", 1, 0.0, 0, -1),
-    ("loads + stores", 1, 0.0, 1, -1),
-    ("loads + MMA time + stores", 1, 1.2, 1, -1),
-    ("loads + MMA time + stores, 1 staging buffer", 1, 1.2, 1, 0),
-    ("loads + MMA time + stores, 2 staging buffers", 1, 1.2, 1, 1),
-    ("B resident: loads + stores", 2, 0.0, 1, -1),
-    ("B resident: loads + MMA time + stores", 2, 1.2, 1, -1),
-)
+    ("stores (bulk)", 0, 0.0, 1, -1, 2),
+    ("stores (threads)", 0, 0.0, 2, -1, 2),
+    ("loads", 1, 0.0, 0, -1, 2),
+    ("loads + stores", 1, 0.0, 1, -1, 2),
+    ("loads + MMA time + stores", 1, 1.2, 1, -1, 2),
+    ("loads + MMA time + stores, 1 staging buffer", 1, 1.2, 1, 0, 2),
+    ("loads + MMA time + stores, 2 staging buffers", 1, 1.2, 1, 1, 2),
+    ("B resident: loads + stores", 2, 0.0, 1, -1, 2),
+    ("B resident: loads + MMA time + stores", 2, 1.2, 1, -1, 2),
+) + tuple(
+    (f"{what}, {b - 1} units ahead", 1, spin, store, -1, b)
+    for b in (3, 4) for what, spin, store in (("loads", 0.0, 0), ("loads + stores", 0.0, 1),
+                                              ("loads + MMA time + stores", 1.2, 1)))
+SMEM_PER_BLOCK = 232448  # an H100's or H200's opt-in shared memory a block
 
 
 def traffic_settings(lib, m: int, n: int, k: int, sp, check) -> list:
     """A short-K GEMM's traffic without its math (bench/launch_anatomy.cu's tile_traffic) on
     132 CTAs in 128x128 and 256x128 tiles; the MMA time a spin of 1.2x the tile's cycles at
-    the tensor cores' peak of 4096 FLOP a cycle."""
+    the tensor cores' peak of 4096 FLOP a cycle. Loads run one unit ahead, or two or three
+    where their buffers fit."""
     if k > 256 or k % 8:
         return []
     a = torch.zeros(m * k, dtype=torch.float16, device="cuda")
@@ -82,11 +88,15 @@ def traffic_settings(lib, m: int, n: int, k: int, sp, check) -> list:
         if m % tm or n % tn:
             continue
         cycles = 2 * tm * tn * k / 4096
-        for label, load, spin, store, inflight in TRAFFIC:
-            def launch(tm=tm, tn=tn, load=load, spin=int(spin * cycles), store=store, inflight=inflight):
+        for label, load, spin, store, inflight, buffers in TRAFFIC:
+            if buffers * (tm + tn) * k * 2 + 2 * tn + 64 > SMEM_PER_BLOCK:
+                continue
+
+            def launch(tm=tm, tn=tn, load=load, spin=int(spin * cycles), store=store, inflight=inflight,
+                       buffers=buffers):
                 check(lib.la_tile_traffic(ctypes.c_void_p(c.data_ptr()), ctypes.c_void_p(a.data_ptr()),
                                           ctypes.c_void_p(b.data_ptr()), m, n, k, tm, tn, 132, load, spin, store,
-                                          inflight, sp), "tile_traffic")
+                                          inflight, buffers, sp), "tile_traffic")
             out.append((f"traffic {tm}x{tn}, 132 CTAs: {label}", launch))
     return out
 
@@ -156,6 +166,8 @@ def main() -> int:
                                      ctypes.c_void_p(dst.data_ptr()), out_bytes, blocks, chunk, sp), "store_bulk")))
         settings += traffic_settings(lib, m, n, k, sp, check)
         settings.append(("torch.matmul", lambda: torch.matmul(a, b)))
+        c_torch = torch.empty(m, n, dtype=torch.float16, device="cuda")
+        settings.append(("torch.matmul, out= given", lambda: torch.matmul(a, b, out=c_torch)))
         gemms = [("tiny_gemm (mma.sync 64x64x32, 4 stages)",
                   lambda: check(lib.la_tiny_gemm(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()),
                                                  ctypes.c_void_p(c.data_ptr()), m, n, k, sp), "tiny_gemm"))]
