@@ -248,6 +248,13 @@ int launch_shortk(const void* a, const void* b, void* c, int m, int n, int k, cu
 }
 
 
+// A bulk copy of `bytes` from shared to global memory (the engine TMA stores use), in the
+// thread's current bulk group.
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
+
 // Stores `n_chunks` chunks of `chunk` bytes (chunk i at i * chunk) by bulk copies from shared
 // memory (cp.async.bulk, the engine TMA stores use), the CTAs taking chunks in turn, every
 // copy in flight at once: how fast one engine per SM writes C, against the threads' stores.
@@ -259,8 +266,7 @@ __global__ void store_bulk_kernel(char* __restrict__ out, int chunk, int n_chunk
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int c = blockIdx.x; c < n_chunks; c += gridDim.x) {
-      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                   ::"l"(out + static_cast<long long>(c) * chunk), "r"(smem_u32(buf)), "r"(chunk) : "memory");
+      bulk_store(out + static_cast<long long>(c) * chunk, buf, chunk);
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -357,8 +363,7 @@ __global__ void __launch_bounds__(128) tile_traffic_kernel(const __grid_constant
         if (p.inflight == 1) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
         char* dst = p.c + (static_cast<long long>(r) * p.tm * p.n + static_cast<long long>(c) * p.tn) * 2;
         for (int i = 0; i < p.tm; ++i)
-          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                       ::"l"(dst + static_cast<long long>(i) * p.n * 2), "r"(smem_u32(row)), "r"(p.tn * 2) : "memory");
+          bulk_store(dst + static_cast<long long>(i) * p.n * 2, row, p.tn * 2);
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       }
     }

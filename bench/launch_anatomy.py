@@ -70,12 +70,11 @@ TRAFFIC = (
     (f"{what}, {b - 1} units ahead", 1, spin, store, -1, b)
     for b in (3, 4) for what, spin, store in (("loads", 0.0, 0), ("loads + stores", 0.0, 1),
                                               ("loads + MMA time + stores", 1.2, 1)))
-SMEM_PER_BLOCK = 232448  # an H100's or H200's opt-in shared memory a block
 
 
 def traffic_settings(lib, m: int, n: int, k: int, sp, check) -> list:
     """A short-K GEMM's traffic without its math (bench/launch_anatomy.cu's tile_traffic) on
-    132 CTAs in 128x128 and 256x128 tiles; the MMA time a spin of 1.2x the tile's cycles at
+    a CTA an SM in 128x128 and 256x128 tiles; the MMA time a spin of 1.2x the tile's cycles at
     the tensor cores' peak of 4096 FLOP a cycle. Loads run one unit ahead, or two or three
     where their buffers fit."""
     if k > 256 or k % 8:
@@ -83,21 +82,22 @@ def traffic_settings(lib, m: int, n: int, k: int, sp, check) -> list:
     a = torch.zeros(m * k, dtype=torch.float16, device="cuda")
     b = torch.zeros(n * k, dtype=torch.float16, device="cuda")
     c = torch.empty(m * n, dtype=torch.float16, device="cuda")
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
     out = []
     for tm, tn in ((128, 128), (256, 128)):
         if m % tm or n % tn:
             continue
         cycles = 2 * tm * tn * k / 4096
         for label, load, spin, store, inflight, buffers in TRAFFIC:
-            if buffers * (tm + tn) * k * 2 + 2 * tn + 64 > SMEM_PER_BLOCK:
+            if buffers * (tm + tn) * k * 2 + 2 * tn + 64 > GPUS["h200"].smem_per_block:  # the .cu's count, or more
                 continue
 
             def launch(tm=tm, tn=tn, load=load, spin=int(spin * cycles), store=store, inflight=inflight,
                        buffers=buffers):
                 check(lib.la_tile_traffic(ctypes.c_void_p(c.data_ptr()), ctypes.c_void_p(a.data_ptr()),
-                                          ctypes.c_void_p(b.data_ptr()), m, n, k, tm, tn, 132, load, spin, store,
+                                          ctypes.c_void_p(b.data_ptr()), m, n, k, tm, tn, ctas, load, spin, store,
                                           inflight, buffers, sp), "tile_traffic")
-            out.append((f"traffic {tm}x{tn}, 132 CTAs: {label}", launch))
+            out.append((f"traffic {tm}x{tn}, {ctas} CTAs: {label}", launch))
     return out
 
 
