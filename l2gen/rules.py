@@ -426,15 +426,16 @@ def _l2gen_tile(p, gpu):
 _L2GEN = ("l2gen.tile",)
 
 
-@rule("l2gen.n_major", "E-ATOM", L2GEN, ("tile", "b", "swap_ab"), "b kn with swap_ab off needs BN a multiple of 64",
+@rule("l2gen.n_major", "E-ATOM", L2GEN, ("tile", "b", "swap_ab"), "b kn with swap_ab off needs BN a multiple of 16",
       after=_L2GEN)
 def _l2gen_n_major(p, gpu):
     c = p.config
     _, cols = c.kernel_tile
     _, q_kmajor = l2gen_operands(p)
-    if not q_kmajor and cols % 64:
+    if not q_kmajor and cols % 16:
         other = "BM" if c.swap_ab else "BN"
-        yield "tile", f"tile {other} {cols}: B stored K x N ('b kn') is N-major, and its tile must span whole 64-column swizzle atoms"
+        yield "tile", (f"tile {other} {cols}: B stored K x N ('b kn') is N-major, and its tile must span whole swizzle "
+                       "atoms of 16, 32 or 64 columns")
 
 
 @rule("l2gen.accumulators", "E-REGS", L2GEN, ("tile", "swap_ab"),

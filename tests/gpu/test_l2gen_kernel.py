@@ -62,6 +62,13 @@ PROGRAMS = {
     "mc_nk_128x192_2x1": "b nk\n tile 128 x 192 x 64\n stages 4\n cluster 2 x 1 x 1",
     "mc_nk_128x224_2x1": "b nk\n tile 128 x 224 x 64\n stages 4\n cluster 2 x 1 x 1",
     "mc_nk_128x224_s3_2x1": "b nk\n tile 128 x 224 x 64\n stages 3\n cluster 2 x 1 x 1",
+    # K x N tiles whose width is not a multiple of 64: 32-wide (64-byte swizzle) and 16-wide
+    # (32-byte) atoms of B, alone, split, persistent and multicast (B's K rows in pieces)
+    "kn_128x96_stream": "b kn\n tile 128 x 96 x 64\n stages 8\n split_k atomic\n hints stream",
+    "kn_64x80_bk128": "b kn\n tile 64 x 80 x 128\n stages 4\n split_k atomic",
+    "kn_128x224_whole": "b kn\n tile 128 x 224 x 64\n stages 4",
+    "mc_kn_128x160_2x1": "b kn\n tile 128 x 160 x 64\n stages 5\n cluster 2 x 1 x 1",
+    "mc_kn_128x112_2x1": "b kn\n tile 128 x 112 x 64\n stages 6\n split_k atomic\n cluster 2 x 1 x 1",
 }
 SMALL_M = (1, 7, 16, 33, 64, 100, 256)
 N_K = ((4104, 1024), (1000, 2056), (264, 520))  # odd N (multiples of 8), K tails

@@ -1,5 +1,5 @@
 """l2gen's own sm90a kernel, held to nvcc: a fixed set of programs covering swap-AB on both
-B layouts, the cluster split, cache hints, a wgmma width outside CuTe's base set and a
+B layouts, the cluster split, cache hints, a K x N tile of narrower swizzle atoms, a wgmma width outside CuTe's base set and a
 256-row kernel tile builds, and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
 with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction, the peek build
@@ -35,6 +35,8 @@ PROGRAMS = {
     "swap_kn_multicast": ("b kn\n tile 64 x 128 x 128\n swap_ab on\n stages 4\n split_k atomic\n cluster 1 x 4 x 1", 64),
     "swap_nk_bk256": ("b nk\n tile 16 x 64 x 256\n swap_ab on\n stages 5\n split_k atomic\n hints stream\n splits 2", 16),
     "nk_256_rows": ("b nk\n tile 256 x 128 x 64\n stages 4\n split_k atomic\n hints stream", 128),
+    # a K x N B tile 96 wide: 32-column atoms under the 64-byte swizzle, TMA boxes to match
+    "kn_narrow_atoms": ("b kn\n tile 128 x 96 x 64\n stages 8\n split_k atomic\n hints stream", 96),
 }
 
 

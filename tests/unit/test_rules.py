@@ -57,7 +57,7 @@ BREAKS = {
     "sm90.decomposition": (sm90("tile 128 x 128 x 64 decomposition stream_k"), H),
     "sm90.fixed_splits": (sm90("tile 128 x 128 x 64 scheduler stream_k splits 2 decomposition data_parallel"), H),
     "l2gen.tile": (l2("tile 128 x 100 x 64 b nk"), H),
-    "l2gen.n_major": (l2("tile 64 x 32 x 64 b kn"), H),
+    "l2gen.n_major": (l2("tile 64 x 40 x 64 b kn"), H),
     "l2gen.accumulators": (l2("tile 256 x 192 x 64 stages 3"), H),
     "l2gen.split_k": (l2("tile 64 x 128 x 64 split_k parallel"), H),
     "l2gen.cluster": (l2("tile 128 x 128 x 64 cluster 3 x 1 x 1"), H),
