@@ -249,7 +249,11 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     resident = max(1, min(2, gpu.smem_per_sm // l2gen_smem_bytes(cfg)))
     tiles_m, tiles_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
     splits = kn.splits if splits_apply(cfg) else 1
-    units = tiles_m * tiles_n * splits
+    # A multicast cluster's CTAs all run: the kernel launches whole clusters, so a grid side
+    # with fewer tiles than the cluster (a 2x1 cluster on a one-tile-tall problem) holds SMs
+    # with CTAs past C's edge; units here count CTAs, those included.
+    cm, cn, _ = cfg.cluster
+    units = _ceil(tiles_m, cm) * cm * _ceil(tiles_n, cn) * cn * splits
     # A wave is what the GPCs hold at once in whole clusters: 120 CTAs in clusters of 4 on
     # 132 SMs, so 128 CTAs of 128x64 in clusters of 4 run in two (bench/results/README.md).
     held = gpu.cluster_ctas(cfg.cluster[0] * cfg.cluster[1])
@@ -257,7 +261,6 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     k_iters = _ceil(_ceil(shape.k, t.k), splits)
     penalty = _l2_penalty(program, shape, tiles_m, tiles_n, gpu) * (0.5 if cfg.hints is Hints.STREAM else 1.0)
     # A multicast cluster loads a shared tile once for the CTAs along its row or column.
-    cm, cn, _ = cfg.cluster
     bytes_iter = (min(t.m, shape.m) / cn + min(t.n, shape.n) / cm) * t.k * 2 * (1.0 + 0.05 * penalty)
     t_iter = _overlap(2.0 * t.m * t.n * t.k / (per_sm_flops * eff), bytes_iter / (bw_sm * pipe), 0.1)
     # Past two CTAs, every stage waits for the slowest of more peers: clusters of four ran

@@ -764,6 +764,20 @@ def test_a_wave_is_what_the_gpcs_hold_in_whole_clusters():
     assert model_us(four, shape, gpu) > 1.4 * model_us(pair, shape, gpu)
 
 
+def test_a_cluster_taller_than_the_problem_holds_sms_with_idle_ctas():
+    """l2gen's kernel launches whole multicast clusters: a 2x1 cluster on a one-tile-tall
+    problem runs a CTA past C's edge beside every tile, so 128 tiles take 256 CTAs (128x96
+    at 128x12288x4096 on an H100: 64.9 us on 2x1 against 39.2 unclustered,
+    bench/results/2026-12-07-h100-publicm2-run1-b3587fc.json); where M has two tiles the
+    pair is whole and the cluster costs nothing extra."""
+    gpu = GPUS["h100"]
+    base = dict(bm=128, bn=96, bk=64, stages=8)
+    alone = assemble(Family.SM90_L2GEN, base)
+    pair = assemble(Family.SM90_L2GEN, dict(base, cluster=(2, 1)))
+    assert model_us(pair, Shape(128, 12288, 4096), gpu) > 1.3 * model_us(alone, Shape(128, 12288, 4096), gpu)
+    assert model_us(pair, Shape(256, 12288, 4096), gpu) <= model_us(alone, Shape(256, 12288, 4096), gpu)
+
+
 def test_a_persistent_kernels_ctas_take_whole_units():
     """A persistent grid of 132 CTAs over 133 tiles: one CTA runs two, so the kernel takes
     most of two tiles' time, not 133/132 of one."""
