@@ -256,7 +256,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     units = _ceil(tiles_m, cm) * cm * _ceil(tiles_n, cn) * cn * splits
     # A wave is what the GPCs hold at once in whole clusters: 120 CTAs in clusters of 4 on
     # 132 SMs, so 128 CTAs of 128x64 in clusters of 4 run in two (bench/results/README.md).
-    held = gpu.cluster_ctas(cfg.cluster[0] * cfg.cluster[1])
+    held = gpu.cluster_ctas(cm * cn)
     waves = _ceil(units, held * resident)
     k_iters = _ceil(_ceil(shape.k, t.k), splits)
     penalty = _l2_penalty(program, shape, tiles_m, tiles_n, gpu) * (0.5 if cfg.hints is Hints.STREAM else 1.0)
