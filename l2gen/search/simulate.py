@@ -12,7 +12,14 @@ import math
 import struct
 from typing import Sequence
 
-from ..limits import l2gen_persistent, l2gen_persistent_smem_bytes, l2gen_smem_bytes, sm80_smem_bytes, sm90_stages_and_smem
+from ..limits import (
+    l2gen_operands,
+    l2gen_persistent,
+    l2gen_persistent_smem_bytes,
+    l2gen_smem_bytes,
+    sm80_smem_bytes,
+    sm90_stages_and_smem,
+)
 from ..ir import (
     BLayout,
     Decomposition,
@@ -67,6 +74,13 @@ ATOMIC_TBS = 3.3  # L2 additions of an atomic split, the whole chip
 # (H100, bench/results/2026-12-07-h100-sm80split-{0695e11,318aa74}-*): ordered ran 0.4-0.7 us
 # per slot behind atomic on the same tiles, whether it read one slot a round trip or two.
 SM80_SLOT_ROUND_TRIP_US = 0.55
+# An MN-major operand whose tile width is not a multiple of 64 is loaded in TMA boxes 64 or
+# 32 bytes wide (its swizzle span), which L2 delivers more slowly than 128-byte rows: at
+# 256x4096x12288 on an H100 a 128x96 tile pulled 9.0 TB/s from L2 with B stored N x K and
+# 7.3 with B K x N (64-byte boxes for B), 128x112 7.4 against 4.7 (32-byte boxes), the
+# rates these fractions give for B's share of the bytes
+# (bench/results/2026-12-07-h100-probe-p96-73988fd.txt).
+NARROW_BOX_RATE = {32: 0.65, 16: 0.35}
 
 
 def _ceil(a: int, b: int) -> int:
@@ -234,6 +248,18 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     return compute, extra, extra_bytes
 
 
+def _narrow_box_extra(program: Program, cfg: Sm90L2genConfig, shape: Shape) -> float:
+    """The columns of B a K step that its narrow boxes cost beyond its own (the extra time at
+    L2's rate): zero unless B is MN-major and its tile width is not a multiple of 64."""
+    p_kmajor, q_kmajor = l2gen_operands(program)
+    b_kmajor = p_kmajor if cfg.swap_ab else q_kmajor
+    width = cfg.tile.n
+    if b_kmajor or width % 64 == 0:
+        return 0.0
+    atom = 32 if width % 32 == 0 else 16
+    return min(width, shape.n) * (1.0 / NARROW_BOX_RATE[atom] - 1.0)
+
+
 def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gpu) -> tuple[float, float, float]:
     """l2gen's own sm90a kernel: a unit per (tile, split), the splits of a tile reduced in
     its cluster through distributed shared memory or through the workspace, swap_ab
@@ -262,6 +288,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     penalty = _l2_penalty(program, shape, tiles_m, tiles_n, gpu) * (0.5 if cfg.hints is Hints.STREAM else 1.0)
     # A multicast cluster loads a shared tile once for the CTAs along its row or column.
     bytes_iter = (min(t.m, shape.m) / cn + min(t.n, shape.n) / cm) * t.k * 2 * (1.0 + 0.05 * penalty)
+    bytes_iter += _narrow_box_extra(program, cfg, shape) / cm * t.k * 2
     t_iter = _overlap(2.0 * t.m * t.n * t.k / (per_sm_flops * eff), bytes_iter / (bw_sm * pipe), 0.1)
     # Past two CTAs, every stage waits for the slowest of more peers: clusters of four ran
     # 11-12% slower than pairs on the same tiles (bench/results/README.md, bigmc4-*).

@@ -778,6 +778,25 @@ def test_a_cluster_taller_than_the_problem_holds_sms_with_idle_ctas():
     assert model_us(pair, Shape(256, 12288, 4096), gpu) <= model_us(alone, Shape(256, 12288, 4096), gpu)
 
 
+def test_b_stored_k_by_n_in_narrow_boxes_loads_slower():
+    """A K x N B tile whose width is not a multiple of 64 is loaded in 64- or 32-byte-wide
+    TMA boxes, which L2 delivers more slowly: 128x96 at 256x4096x12288 ran 64.6 us with B
+    K x N against 52.4 with B N x K on an H100 (bench/results/
+    2026-12-07-h100-probe-p96-73988fd.txt); a 128-wide tile is alike in both layouts."""
+    gpu = GPUS["h100"]
+    shape = Shape(256, 4096, 12288)
+
+    def both(width):
+        base = dict(bm=128, bn=width, bk=64, stages=6)
+        return [model_us(assemble(Family.SM90_L2GEN, base, b_layout=b), shape, gpu) for b in (BLayout.KN, BLayout.NK)]
+
+    kn, nk = both(96)
+    assert kn > 1.05 * nk
+    kn112, nk112 = both(112)
+    assert kn112 / nk112 > kn / nk  # 32-byte boxes are slower still
+    assert both(128)[0] == both(128)[1]
+
+
 def test_a_persistent_kernels_ctas_take_whole_units():
     """A persistent grid of 132 CTAs over 133 tiles: one CTA runs two, so the kernel takes
     most of two tiles' time, not 133/132 of one."""
