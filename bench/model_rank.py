@@ -89,6 +89,7 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     use_learned = "--learned" in args
     args = [a for a in args if a != "--learned"]
-    if not args:
-        raise SystemExit(__doc__)
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if args else 2)
     sys.exit(main(args, learned=use_learned))
