@@ -190,6 +190,17 @@ def _stream_k_mode(kn: Knobs, tiles: int, slots: int) -> str:
     return {Decomposition.DATA_PARALLEL: "data_parallel", Decomposition.SPLIT_K: "split_k", Decomposition.STREAM_K: "stream_k"}[d]
 
 
+def _cutlass_log_swizzle(blocks_m: int, blocks_n: int, swizzle_log2: int) -> int:
+    """The log2 swizzle group CUTLASS's sm90 tile scheduler takes for a grid of tiles under
+    max_swizzle_size = 2**swizzle_log2 (PersistentTileSchedulerSm90Params::get_log_swizzle_size):
+    the smaller grid side must be at least 6, 3 or 2 tiles for a group of 8, 4 or 2."""
+    least = min(blocks_m, blocks_n)
+    for log2, needs in ((3, 6), (2, 3), (1, 2)):
+        if swizzle_log2 >= log2 and least >= needs:
+            return log2
+    return 0
+
+
 def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple[float, float, float]:
     t = cfg.tile
     kn = program.knobs
@@ -212,7 +223,12 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     pipe = _pipe(stages, stage_bytes)
     tiles_m = _ceil(_ceil(shape.m, t.m), cm) * cm
     tiles_n = _ceil(_ceil(shape.n, t.n), cn) * cn
-    tiles = tiles_m * tiles_n
+    # CUTLASS's persistent schedulers round each side of the tile grid up to whole swizzle
+    # groups of clusters, and run the padding's tiles as work (zero-filled loads, full math):
+    # at M = 1024 (8 tile rows) a 2x1 cluster under swizzle 8 runs 16, and ping-pong
+    # 128x128 ran 2.3-2.6x slower than on 1x2 (bench/results/2026-12-04-h200-prefillfit3-run*-dda3a49.json)
+    group = 1 << _cutlass_log_swizzle(_ceil(shape.m, t.m), _ceil(shape.n, t.n), kn.swizzle) if cfg.mainloop is not Mainloop.WS else 1
+    tiles = _ceil(tiles_m, group * cm) * group * cm * _ceil(tiles_n, group * cn) * group * cn
     # a persistent grid's CTAs: whole clusters the GPCs hold at once (the knob grid caps it)
     slots = min(gpu.cluster_ctas(cs), (kn.grid or gpu.sms) // cs * cs)
     l2 = 1.0 + 0.05 * _l2_penalty(program, shape, tiles_m, tiles_n, gpu)

@@ -797,6 +797,21 @@ def test_b_stored_k_by_n_in_narrow_boxes_loads_slower():
     assert both(128)[0] == both(128)[1]
 
 
+def test_cutlass_pads_the_tile_grid_to_whole_swizzle_groups_of_clusters():
+    """CUTLASS's sm90 persistent scheduler rounds each side of the tile grid up to a whole
+    swizzle group of clusters and runs the padding as work: at 1024x4096x4096 (8 x 32 tiles
+    of 128x128, swizzle 8) a 2x1 cluster runs 16 tile rows, and ping-pong ran 2.3-2.6x slower
+    on 2x1 than on 1x2 (bench/results/2026-12-04-h200-prefillfit3-run1-dda3a49.json); at
+    4096 rows (32 tile rows) both are whole."""
+    gpu = GPUS["h200"]
+    base = dict(bm=128, bn=128, bk=64, mainloop=Mainloop.PINGPONG, epilogue=Sm90Epilogue.TMA, swizzle=3)
+    tall, wide = (assemble(Family.SM90, dict(base, cluster=c), b_layout=BLayout.NK) for c in ((2, 1), (1, 2)))
+    assert model_us(tall, Shape(1024, 4096, 4096), gpu) > 1.6 * model_us(wide, Shape(1024, 4096, 4096), gpu)
+    assert model_us(tall, Shape(4096, 4096, 4096), gpu) == model_us(wide, Shape(4096, 4096, 4096), gpu)
+    unswizzled = assemble(Family.SM90, dict(base, cluster=(2, 1), swizzle=0), b_layout=BLayout.NK)
+    assert model_us(unswizzled, Shape(1024, 4096, 4096), gpu) < 0.7 * model_us(tall, Shape(1024, 4096, 4096), gpu)
+
+
 def test_a_persistent_kernels_ctas_take_whole_units():
     """A persistent grid of 132 CTAs over 133 tiles: one CTA runs two, so the kernel takes
     most of two tiles' time, not 133/132 of one."""
