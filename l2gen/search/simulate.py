@@ -77,9 +77,9 @@ SM80_SLOT_ROUND_TRIP_US = 0.55
 # An MN-major operand whose tile width is not a multiple of 64 is loaded in TMA boxes 64 or
 # 32 bytes wide (its swizzle span), which L2 delivers more slowly than 128-byte rows: at
 # 256x4096x12288 on an H100 a 128x96 tile pulled 9.0 TB/s from L2 with B stored N x K and
-# 7.3 with B K x N (64-byte boxes for B), 128x112 7.4 against 4.7 (32-byte boxes), the
-# rates these fractions give for B's share of the bytes
-# (bench/results/2026-12-07-h100-probe-p96-73988fd.txt).
+# 7.3 with B K x N (64-byte boxes for B), 128x112 7.4 against 4.7 (32-byte boxes): the
+# rates these fractions give for B's share of the bytes (bench/results/
+# 2026-12-07-h100-probe-p96-73988fd.txt; 128x112 K x N: 2026-12-07-h100-probe-publicm2split-d218706.txt).
 NARROW_BOX_RATE = {32: 0.65, 16: 0.35}
 
 
@@ -227,7 +227,10 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     # groups of clusters, and run the padding's tiles as work (zero-filled loads, full math):
     # at M = 1024 (8 tile rows) a 2x1 cluster under swizzle 8 runs 16, and ping-pong
     # 128x128 ran 2.3-2.6x slower than on 1x2 (bench/results/2026-12-04-h200-prefillfit3-run*-dda3a49.json)
-    group = 1 << _cutlass_log_swizzle(_ceil(shape.m, t.m), _ceil(shape.n, t.n), kn.swizzle) if cfg.mainloop is not Mainloop.WS else 1
+    # (the non-persistent warp-specialized mainloop has no scheduler to pad)
+    group = 1
+    if cfg.mainloop is not Mainloop.WS:
+        group = 1 << _cutlass_log_swizzle(_ceil(shape.m, t.m), _ceil(shape.n, t.n), kn.swizzle)
     tiles = _ceil(tiles_m, group * cm) * group * cm * _ceil(tiles_n, group * cn) * group * cn
     # a persistent grid's CTAs: whole clusters the GPCs hold at once (the knob grid caps it)
     slots = min(gpu.cluster_ctas(cs), (kn.grid or gpu.sms) // cs * cs)
@@ -265,8 +268,8 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
 
 
 def _narrow_box_extra(program: Program, cfg: Sm90L2genConfig, shape: Shape) -> float:
-    """The columns of B a K step that its narrow boxes cost beyond its own (the extra time at
-    L2's rate): zero unless B is MN-major and its tile width is not a multiple of 64."""
+    """How many more columns of B a K step costs at L2's full rate because its boxes are
+    narrow: zero unless B is MN-major and its tile width is not a multiple of 64."""
     p_kmajor, q_kmajor = l2gen_operands(program)
     b_kmajor = p_kmajor if cfg.swap_ab else q_kmajor
     width = cfg.tile.n
