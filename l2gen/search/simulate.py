@@ -87,6 +87,10 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _round_up(a: int, b: int) -> int:
+    return _ceil(a, b) * b
+
+
 def _l2_penalty(program: Program, shape: Shape, tiles_m: int, tiles_n: int, gpu: Gpu) -> float:
     """Extra DRAM traffic (fraction) from L2 misses; raster order and block swizzle shape it.
 
@@ -221,17 +225,15 @@ def _sm90_us(program: Program, cfg: Sm90Config, shape: Shape, gpu: Gpu) -> tuple
     eff *= {32: 0.93, 64: 1.0, 128: 0.98}[t.k]
     stage_bytes = (t.m + t.n) * t.k * 2
     pipe = _pipe(stages, stage_bytes)
-    tiles_m = _ceil(_ceil(shape.m, t.m), cm) * cm
-    tiles_n = _ceil(_ceil(shape.n, t.n), cn) * cn
+    blocks_m, blocks_n = _ceil(shape.m, t.m), _ceil(shape.n, t.n)
+    tiles_m, tiles_n = _round_up(blocks_m, cm), _round_up(blocks_n, cn)
     # CUTLASS's persistent schedulers round each side of the tile grid up to whole swizzle
     # groups of clusters, and run the padding's tiles as work (zero-filled loads, full math):
     # at M = 1024 (8 tile rows) a 2x1 cluster under swizzle 8 runs 16, and ping-pong
     # 128x128 ran 2.3-2.6x slower than on 1x2 (bench/results/2026-12-04-h200-prefillfit3-run*-dda3a49.json)
     # (the non-persistent warp-specialized mainloop has no scheduler to pad)
-    group = 1
-    if cfg.mainloop is not Mainloop.WS:
-        group = 1 << _cutlass_log_swizzle(_ceil(shape.m, t.m), _ceil(shape.n, t.n), kn.swizzle)
-    tiles = _ceil(tiles_m, group * cm) * group * cm * _ceil(tiles_n, group * cn) * group * cn
+    group = 1 if cfg.mainloop is Mainloop.WS else 1 << _cutlass_log_swizzle(blocks_m, blocks_n, kn.swizzle)
+    tiles = _round_up(blocks_m, group * cm) * _round_up(blocks_n, group * cn)
     # a persistent grid's CTAs: whole clusters the GPCs hold at once (the knob grid caps it)
     slots = min(gpu.cluster_ctas(cs), (kn.grid or gpu.sms) // cs * cs)
     l2 = 1.0 + 0.05 * _l2_penalty(program, shape, tiles_m, tiles_n, gpu)
@@ -298,7 +300,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     # with fewer tiles than the cluster (a 2x1 cluster on a one-tile-tall problem) holds SMs
     # with CTAs past C's edge; units here count CTAs, those included.
     cm, cn, _ = cfg.cluster
-    units = _ceil(tiles_m, cm) * cm * _ceil(tiles_n, cn) * cn * splits
+    units = _round_up(tiles_m, cm) * _round_up(tiles_n, cn) * splits
     # A wave is what the GPCs hold at once in whole clusters: 120 CTAs in clusters of 4 on
     # 132 SMs, so 128 CTAs of 128x64 in clusters of 4 run in two (bench/results/README.md).
     held = gpu.cluster_ctas(cm * cn)
