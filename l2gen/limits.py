@@ -54,8 +54,9 @@ L2GEN_MAX_ORDERED_SPLITS = 16  # split_k ordered: the slots the last CTA of a ti
 L2GEN_MAX_CLUSTER = 8  # CTAs of one multicast cluster (the portable size)
 # How the kernel's grid takes its units of work (a tile's split of K): heuristic, a
 # persistent grid of the CTAs the GPU holds when the units outnumber them; data_parallel,
-# one CTA per unit, in waves; stream_k, a persistent grid whose CTAs take equal runs of the
-# tiles' K tiles laid end to end (split_k atomic in a persistent kernel, splits 1).
+# one CTA per unit, in waves; stream_k, a persistent grid that runs its whole waves of tiles,
+# then gives its CTAs equal runs of the other tiles' K tiles laid end to end (split_k atomic
+# in a persistent kernel, splits 1).
 L2GEN_DECOMPOSITIONS = (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL, Decomposition.STREAM_K)
 
 

@@ -81,6 +81,9 @@ SM80_SLOT_ROUND_TRIP_US = 0.55
 # rates these fractions give for B's share of the bytes (bench/results/
 # 2026-12-07-h100-probe-p96-73988fd.txt; 128x112 K x N: 2026-12-07-h100-probe-publicm2split-d218706.txt).
 NARROW_BOX_RATE = {32: 0.65, 16: 0.35}
+# l2gen's stream-K deals the K tiles of what is left after whole waves among at most this
+# many CTAs a tile (the template's L2GEN_SK_MAX_PARTS)
+SK_MAX_PARTS = 8
 
 
 def _ceil(a: int, b: int) -> int:
@@ -332,14 +335,18 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs per SM of a persistent grid
     capacity = min(held * looping, kn.grid) if kn.grid else held * looping  # its CTAs (the knob grid caps them)
     if kn.decomposition is Decomposition.STREAM_K:
-        # equal runs of the tiles' K tiles over the persistent grid: no partial last wave; a
-        # tile that two runs meet is summed in the workspace (the atomic chain), one CTA's
-        # epilogues but its last hidden behind its next tile's loads
+        # the tiles of whole waves of the persistent grid run whole; the rest's K tiles go
+        # out in equal runs (at most SK_MAX_PARTS a tile): no partial last wave; a tile that
+        # two runs meet is summed in the workspace (the atomic chain), one CTA's epilogues
+        # but its last hidden behind its next tile's loads
         tiles = tiles_m * tiles_n
         k_all = _ceil(shape.k, t.k)
         grid = min(capacity, tiles * k_all)
-        per_cta = _ceil(tiles * k_all, grid)
-        meets = min(tiles, grid - 1) / grid  # tiles summed in the workspace, per CTA
+        whole = tiles // grid * grid
+        rest = tiles - whole
+        ctas = min(grid, rest * SK_MAX_PARTS, rest * k_all)
+        per_cta = whole // grid * k_all + (_ceil(rest * k_all, ctas) if rest else 0)
+        meets = min(rest, ctas - 1) / ctas if rest else 0.0  # tiles summed in the workspace, per CTA
         t_out = t.m * t.n * 2 / bw_sm + 0.1
         # a shared tile's sum is a chain of round trips through an L2 that every other SM is
         # streaming through, dearer than a split's (bench/results/README.md, "Stream-K in
