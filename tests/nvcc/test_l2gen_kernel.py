@@ -4,7 +4,8 @@ B layouts, the cluster split, cache hints, a K x N tile of narrower swizzle atom
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
 with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction, the peek build
 (-DL2GEN_PEEK_LAST=1) reading its ticket before its last wgmma wait, the flagged ordered split
-(-DL2GEN_LL_SPLIT=1) with neither ticket nor fence; the timeline build
+(-DL2GEN_LL_SPLIT=1) with neither ticket nor fence, the TMA-store split build
+(-DL2GEN_TMA_STORE_SPLIT=1) storing C by TMA from its loop with no stack; the timeline build
 (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
@@ -38,10 +39,15 @@ PROGRAMS = {
     # a K x N B tile 96 wide: 32-column atoms under the 64-byte swizzle, TMA boxes to match
     "kn_narrow_atoms": ("b kn\n tile 128 x 96 x 64\n stages 8\n split_k atomic\n hints stream", 96),
 }
+# Built only with a template macro, by the test that names it.
+MACRO_PROGRAMS = {
+    # a 128x128 atomic split, persistent: its loop kernel stores C by TMA under L2GEN_TMA_STORE_SPLIT
+    "kn_128_atomic_s5": ("b kn\n tile 128 x 128 x 64\n stages 5\n split_k atomic\n hints stream", 128),
+}
 
 
 def program(name: str):
-    body, _ = PROGRAMS[name]
+    body, _ = PROGRAMS[name] if name in PROGRAMS else MACRO_PROGRAMS[name]
     return parse(f"kernel {name} {{\n arch sm90a\n impl l2gen\n {body}\n}}")
 
 
@@ -166,6 +172,21 @@ def test_the_peek_build_reads_the_ticket_while_the_last_wgmmas_run(tmp_path, mon
         peek, wait = tail.find("LDG.E.STRONG.GPU"), tail.find("WARPGROUP.DEPBAR.LE gsb0, 0x0")
         assert 0 <= peek < wait, f"{name}: the ticket is not read before the last wgmma wait"
         assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
+
+
+def test_the_tma_store_split_build_stores_c_by_tma_and_keeps_no_stack(tmp_path, monkeypatch):
+    """Under -DL2GEN_TMA_STORE_SPLIT=1 the persistent loop of a 128x128 atomic split stores C
+    by TMA (a tile written whole, or the sum its last split read back), as the split-free
+    builds do, and touches no local memory: the default build's loop kernel, which stages
+    the tile for the threads' stores, keeps a 32-byte stack (53 local loads and stores).
+    The one-unit kernel keeps the threads' stores."""
+    code = kernels_built_with("kn_128_atomic_s5", "-DL2GEN_TMA_STORE_SPLIT=1", tmp_path, monkeypatch)
+    looped = [name for name in code if "ILb1E" in name]  # gemm_kernel<true>, mangled
+    assert looped and len(code) == 2, list(code)
+    for name, text in code.items():
+        assert not re.search(r"\b(LDL|STL)\b", text), f"{name}: local-memory traffic"
+        assert (re.search(r"\bUTMASTG\b", text) is not None) == (name in looped), f"{name}: TMA stores where they should not be, or none"
+        assert re.search(r"REDG\.E\.ADD\.F32x4", text), f"{name}: the split's additions are gone"
 
 
 def test_ordered_split_stores_its_partials_and_takes_one_ticket(built):
