@@ -58,6 +58,9 @@ L2GEN_MAX_CLUSTER = 8  # CTAs of one multicast cluster (the portable size)
 # then gives its CTAs equal runs of the other tiles' K tiles laid end to end (split_k atomic
 # in a persistent kernel, splits 1).
 L2GEN_DECOMPOSITIONS = (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL, Decomposition.STREAM_K)
+# stream_k: the CTAs at most among which one tile left over after the whole waves is dealt
+# (the template's L2GEN_SK_MAX_PARTS, rendered from here; the cost model reads it too)
+L2GEN_SK_MAX_PARTS = 8
 
 
 def sm80_smem_bytes(cfg: Sm80Config) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from .check import check
-from .limits import l2gen_operands, l2gen_persistent_smem_bytes, l2gen_smem_bytes, sm90_epilogue_tile
+from .limits import L2GEN_SK_MAX_PARTS, l2gen_operands, l2gen_persistent_smem_bytes, l2gen_smem_bytes, sm90_epilogue_tile
 from .diagnostics import DiagnosticError, errors
 from .ir import Family, Knobs, Program, Sm90L2genConfig
 from .printer import format_program
@@ -161,6 +161,7 @@ def template_context(program: Program, gpu: Gpu) -> dict:
             # asserts against its own (a mirror that drifts fails the build)
             smem_bytes=l2gen_smem_bytes(cfg),
             persistent_smem_bytes=l2gen_persistent_smem_bytes(cfg),
+            sk_max_parts=L2GEN_SK_MAX_PARTS,
         )
         return ctx
     ctx["epilogue"] = cfg.epilogue.value

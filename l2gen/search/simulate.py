@@ -13,6 +13,7 @@ import struct
 from typing import Sequence
 
 from ..limits import (
+    L2GEN_SK_MAX_PARTS,
     l2gen_operands,
     l2gen_persistent,
     l2gen_persistent_smem_bytes,
@@ -81,9 +82,6 @@ SM80_SLOT_ROUND_TRIP_US = 0.55
 # rates these fractions give for B's share of the bytes (bench/results/
 # 2026-12-07-h100-probe-p96-73988fd.txt; 128x112 K x N: 2026-12-07-h100-probe-publicm2split-d218706.txt).
 NARROW_BOX_RATE = {32: 0.65, 16: 0.35}
-# l2gen's stream-K deals the K tiles of what is left after whole waves among at most this
-# many CTAs a tile (the template's L2GEN_SK_MAX_PARTS)
-SK_MAX_PARTS = 8
 
 
 def _ceil(a: int, b: int) -> int:
@@ -336,7 +334,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     capacity = min(held * looping, kn.grid) if kn.grid else held * looping  # its CTAs (the knob grid caps them)
     if kn.decomposition is Decomposition.STREAM_K:
         # the tiles of whole waves of the persistent grid run whole; the rest's K tiles go
-        # out in equal runs (at most SK_MAX_PARTS a tile): no partial last wave; a tile that
+        # out in equal runs (at most L2GEN_SK_MAX_PARTS a tile): no partial last wave; a tile that
         # two runs meet is summed in the workspace (the atomic chain), one CTA's epilogues
         # but its last hidden behind its next tile's loads
         tiles = tiles_m * tiles_n
@@ -344,7 +342,7 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         grid = min(capacity, tiles * k_all)
         whole = tiles // grid * grid
         rest = tiles - whole
-        ctas = min(grid, rest * SK_MAX_PARTS, rest * k_all)
+        ctas = min(grid, rest * L2GEN_SK_MAX_PARTS, rest * k_all)
         per_cta = whole // grid * k_all + (_ceil(rest * k_all, ctas) if rest else 0)
         meets = min(rest, ctas - 1) / ctas if rest else 0.0  # tiles summed in the workspace, per CTA
         t_out = t.m * t.n * 2 / bw_sm + 0.1
