@@ -172,9 +172,14 @@ L2GEN_SMEM_LIMIT = 232448  # the shared memory a Hopper block may opt into (the 
 
 def l2gen_tma_store(cfg: Sm90L2genConfig) -> bool:
     """Whether the persistent kernel stores C by TMA (the template's kTmaStore): one CTA
-    writes each tile whole in C's orientation (no swap_ab, no split of K) in boxes of 64
-    columns. The one-unit kernel's threads store it."""
-    return not cfg.swap_ab and cfg.split_k is SplitK.NONE and cfg.tile.n % 64 == 0
+    writes each tile in C's orientation (no swap_ab) in boxes of 64 columns, the tile whole
+    or, under an atomic split of K with at most 64 accumulators a consumer thread, the sum
+    its last split read back. The one-unit kernel's threads store it."""
+    if cfg.swap_ab or cfg.tile.n % 64:
+        return False
+    if cfg.split_k is SplitK.ATOMIC:
+        return cfg.tile.m * cfg.tile.n // (128 * cfg.consumers) <= 64
+    return cfg.split_k is SplitK.NONE
 
 
 def _l2gen_smem_parts(cfg: Sm90L2genConfig) -> tuple[int, int, int, int]:

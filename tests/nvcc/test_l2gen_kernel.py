@@ -4,8 +4,8 @@ B layouts, the cluster split, cache hints, a K x N tile of narrower swizzle atom
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
 with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction, the peek build
 (-DL2GEN_PEEK_LAST=1) reading its ticket before its last wgmma wait, the flagged ordered split
-(-DL2GEN_LL_SPLIT=1) with neither ticket nor fence, the TMA-store split build
-(-DL2GEN_TMA_STORE_SPLIT=1) storing C by TMA from its loop with no stack; the timeline build
+(-DL2GEN_LL_SPLIT=1) with neither ticket nor fence, the 128x128 atomic split
+storing C by TMA from its loop with no stack; the timeline build
 (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ PROGRAMS = {
 }
 # Built only with a template macro, by the test that names it.
 MACRO_PROGRAMS = {
-    # a 128x128 atomic split, persistent: its loop kernel stores C by TMA under L2GEN_TMA_STORE_SPLIT
+    # a 128x128 atomic split, persistent: its loop kernel stores C by TMA
     "kn_128_atomic_s5": ("b kn\n tile 128 x 128 x 64\n stages 5\n split_k atomic\n hints stream", 128),
 }
 
@@ -63,11 +63,12 @@ def kernels(library) -> dict[str, str]:
     return {name: "\n".join(lines) for name, lines in disassemble(library).items()}
 
 
-def kernels_built_with(name: str, flag: str, tmp_path, monkeypatch) -> dict[str, str]:
+def kernels_built_with(name: str, flag: str | None, tmp_path, monkeypatch) -> dict[str, str]:
     """:func:`kernels` of program ``name`` built with one more nvcc ``flag`` (a template
-    macro), in a cache of its own so the build is this test's."""
+    macro; None: as the library builds it), in a cache of its own so the build is this test's."""
     monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
-    result = build_many([lower(program(name), H200).with_flags(flag)], jobs=2, timeout=900)[0]
+    source = lower(program(name), H200)
+    result = build_many([source.with_flags(flag) if flag else source], jobs=2, timeout=900)[0]
     assert result.ok, result.error
     return kernels(result.library)
 
@@ -174,13 +175,13 @@ def test_the_peek_build_reads_the_ticket_while_the_last_wgmmas_run(tmp_path, mon
         assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
 
 
-def test_the_tma_store_split_build_stores_c_by_tma_and_keeps_no_stack(tmp_path, monkeypatch):
-    """Under -DL2GEN_TMA_STORE_SPLIT=1 the persistent loop of a 128x128 atomic split stores C
-    by TMA (a tile written whole, or the sum its last split read back), as the split-free
-    builds do, and touches no local memory: the default build's loop kernel, which stages
-    the tile for the threads' stores, keeps a 32-byte stack (53 local loads and stores).
-    The one-unit kernel keeps the threads' stores."""
-    code = kernels_built_with("kn_128_atomic_s5", "-DL2GEN_TMA_STORE_SPLIT=1", tmp_path, monkeypatch)
+def test_the_atomic_split_stores_c_by_tma_and_keeps_no_stack(tmp_path, monkeypatch):
+    """The persistent loop of a 128x128 atomic split stores C by TMA (a tile written whole,
+    or the sum its last split read back), as the split-free builds do, and touches no local
+    memory; under -DL2GEN_TMA_STORE_SPLIT=0 (to compare) its loop kernel stages the tile for
+    the threads' stores and keeps a 32-byte stack (53 local loads and stores). The one-unit
+    kernel keeps the threads' stores."""
+    code = kernels_built_with("kn_128_atomic_s5", None, tmp_path, monkeypatch)
     looped = [name for name in code if "ILb1E" in name]  # gemm_kernel<true>, mangled
     assert looped and len(code) == 2, list(code)
     for name, text in code.items():

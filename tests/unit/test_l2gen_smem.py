@@ -19,8 +19,10 @@ CASES = [
     ("tile 64 x 64 x 64 stages 4", 65536 + 80 + 1024, 66560 + 8192 + 1024),
     # 128 x 256 on 4 stages: the tile's four boxes do not fit beside the pipeline; two do
     ("tile 128 x 256 x 64 stages 4", 196608 + 80 + 1024, 197632 + 2 * 16384 + 1024),
-    # a split of K stages the tile in padded rows for the threads' stores: no TMA boxes
-    ("tile 128 x 128 x 64 stages 4 split_k atomic", 131072 + 80 + 1024, 132096 + 128 * 136 * 2 + 1024),
+    # an atomic split of 64 accumulators a thread stores its sum by TMA: the two boxes
+    ("tile 128 x 128 x 64 stages 4 split_k atomic", 131072 + 80 + 1024, 132096 + 2 * 16384 + 1024),
+    # an ordered split stages the tile in padded rows for the threads' stores: no TMA boxes
+    ("tile 128 x 128 x 64 stages 4 split_k ordered", 131072 + 80 + 1024, 132096 + 128 * 136 * 2 + 1024),
 ]
 
 
