@@ -24,6 +24,7 @@ and for those that leave it to another split.
 
     python bench/timeline.py PROGRAM.l2 [...] --shape 1024x256x4096 --splits 1,2,4,8
     python bench/timeline.py PROGRAM.l2 --shape ... --json out.json   # every block, every rep
+    python bench/timeline.py PROGRAM.l2 --shape ... --decompositions data_parallel,stream_k
 
 A tool for looking inside a kernel, not a benchmark (``l2gen bench`` is that).
 """
@@ -40,7 +41,7 @@ import sys
 import torch
 
 from l2gen.build import build_many
-from l2gen.ir import Family
+from l2gen.ir import Decomposition, Family
 from l2gen.lower import define_flags
 from l2gen.runner import source as build_source
 from l2gen.parse import parse_file
@@ -138,6 +139,8 @@ def main() -> int:
     ap.add_argument("programs", nargs="+")
     ap.add_argument("--shape", required=True)
     ap.add_argument("--splits", default="1")
+    ap.add_argument("--decompositions", default="",
+                    help="comma-separated, e.g. heuristic,stream_k (default: each program's own)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--json", help="write every block of every rep here")
     ap.add_argument("--empty-blocks", type=int, default=128,
@@ -196,15 +199,21 @@ def main() -> int:
         print(f"{name:40s} {'-':>6s} {'-':>6s} {lives[len(lives) // 2]:7.2f}")
     print(f"{'program':40s} {'splits':>6s} {'blocks':>6s} {'life':>7s} {'span':>7s} {'lead':>6s} {'tail':>6s}  "
           + "  ".join(f"{name:>13s}" for name, _, _ in PHASES) + "   (us: median/max over blocks)")
-    for (program, label, _), result in zip(variants, results):
+    for (program, label0, _), result in zip(variants, results):
         lib = Library.load(result.library, result.source.entry)
         dll = lib._dll
         get = getattr(dll, f"{result.source.entry}_trace")
         get.argtypes = [ctypes.c_void_p, ctypes.c_int]
         reset = getattr(dll, f"{result.source.entry}_trace_reset")
         nk = program.b_layout.value == "nk"
-        for s in (int(x) for x in args.splits.split(",")):
+        decompositions = [Decomposition(x) for x in args.decompositions.split(",") if x] or [None]
+        for s, d in ((int(x), d) for x in args.splits.split(",") for d in decompositions):
             knobs = dataclasses.replace(program.knobs, splits=s)  # its own decomposition, grid, ...
+            if d is not None:
+                knobs = dataclasses.replace(knobs, decomposition=d)
+                label = f"{label0} {d.value}"
+            else:
+                label = label0
             ws_bytes = lib.workspace_size(m, n, k, knobs)
             ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
             a = torch.randn(m, k, dtype=torch.float16, device="cuda")
