@@ -7,17 +7,20 @@ cluster, swap-AB) and CUTLASS's (cooperative stream-K on a 2 x 1 cluster, ping-p
 (at most ``grid`` CTAs), then run with NaN-poisoned outputs against an fp32 reference
 (relerr <= 1e-3); where the sum's order does not depend on arrival (no split of K), its
 bits must equal those of the uncapped grid. l2gen's split workspaces must be left zeroed.
-Caps a launch cannot keep to are L2GEN_ERR_KNOB. Needs nvcc, CUTLASS headers, torch and an sm90
-GPU; skips cleanly without them.
+Caps a launch cannot keep to are L2GEN_ERR_KNOB. ``L2GEN_TEST_DEFINES="MACRO=1 ..."`` builds
+l2gen's own programs with those template macros (as tests/gpu/test_l2gen_kernel.py does).
+Needs nvcc, CUTLASS headers, torch and an sm90 GPU; skips cleanly without them.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from l2gen.ir import BLayout, Decomposition, Knobs  # noqa: E402
+from l2gen.ir import BLayout, Decomposition, Family, Knobs  # noqa: E402
 from l2gen.parse import parse  # noqa: E402
 
 pytestmark = [
@@ -58,11 +61,14 @@ def libraries(gpu):
     if gpu.sm < 90:
         pytest.skip("the knob grid is an sm90a one")
     from l2gen.build import build_many
-    from l2gen.lower import build_program, lower
+    from l2gen.lower import build_program, define_flags, lower
     from l2gen.runtime import Library
 
     programs = {name: parse(f"kernel {name} {{ {body} }}") for name, body in PROGRAMS.items()}
+    defines = tuple(f for spec in os.environ.get("L2GEN_TEST_DEFINES", "").split() for f in define_flags(spec))
     sources = [lower(build_program(p), gpu) for p in programs.values()]
+    sources = [s.with_flags(*defines) if defines and p.family is Family.SM90_L2GEN else s
+               for p, s in zip(programs.values(), sources)]
     results = build_many(sources)
     failed = [f"{r.source.program.name}: {r.error}" for r in results if not r.ok]
     assert not failed, failed
