@@ -55,10 +55,10 @@ L2GEN_MAX_CLUSTER = 8  # CTAs of one multicast cluster (the portable size)
 # How the kernel's grid takes its units of work (a tile's split of K): heuristic, a
 # persistent grid of the CTAs the GPU holds when the units outnumber them; data_parallel,
 # one CTA per unit, in waves; stream_k, a persistent grid that runs its whole waves of tiles,
-# then gives its CTAs equal runs of the other tiles' K tiles laid end to end (split_k atomic
-# in a persistent kernel, splits 1).
+# then cuts each of the other tiles into equal K pieces, a CTA each (split_k atomic in a
+# persistent kernel, splits 1).
 L2GEN_DECOMPOSITIONS = (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL, Decomposition.STREAM_K)
-# stream_k: the CTAs at most among which one tile left over after the whole waves is dealt
+# stream_k: the K pieces at most into which a tile left over after the whole waves is cut
 # (the template's L2GEN_SK_MAX_PARTS, rendered from here; the cost model reads it too)
 L2GEN_SK_MAX_PARTS = 8
 

@@ -159,9 +159,9 @@ Decisions (omitted ones take the default in brackets):
   heuristic|data_parallel|stream_k (a run-time knob: heuristic runs a persistent grid of the
   CTAs the GPU holds when the tiles times splits outnumber them, each CTA storing one tile
   while it loads the next; data_parallel one CTA per tile and split, in waves; stream_k, with
-  split_k atomic and splits 1, runs that grid's whole waves of tiles, then gives every CTA
-  an equal run of the remaining tiles' K tiles, so no SM idles through a last partial
-  wave) [heuristic]; pdl on|off (programmatic dependent launch: overlaps the launch with
+  split_k atomic and splits 1, runs that grid's whole waves of tiles, then cuts each
+  remaining tile into equal K pieces, a CTA each, so the last partial wave runs shorter)
+  [heuristic]; pdl on|off (programmatic dependent launch: overlaps the launch with
   the kernel before it; a call timed alone, as here, gains nothing from it) [off].
 - Run-time knobs (no rebuild): raster heuristic|along_m|along_n [heuristic]; swizzle S
   (block-swizzle group of 2^S tiles) [0]; splits (K slices for split_k parallel, cluster,

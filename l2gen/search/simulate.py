@@ -333,18 +333,19 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
     looping = max(1, min(2, gpu.smem_per_sm // l2gen_persistent_smem_bytes(cfg)))  # CTAs per SM of a persistent grid
     capacity = min(held * looping, kn.grid) if kn.grid else held * looping  # its CTAs (the knob grid caps them)
     if kn.decomposition is Decomposition.STREAM_K:
-        # the tiles of whole waves of the persistent grid run whole; the rest's K tiles go
-        # out in equal runs (at most L2GEN_SK_MAX_PARTS a tile): no partial last wave; a tile that
-        # two runs meet is summed in the workspace (the atomic chain), one CTA's epilogues
-        # but its last hidden behind its next tile's loads
+        # the tiles of whole waves of the persistent grid run whole; each of the rest is cut
+        # into as many equal K pieces as the grid holds for all of them (at most
+        # L2GEN_SK_MAX_PARTS): a shorter last wave; a tile of several pieces is summed in the
+        # workspace (the atomic chain), one CTA's epilogues but its last hidden behind its
+        # next tile's loads
         tiles = tiles_m * tiles_n
         k_all = _ceil(shape.k, t.k)
         grid = min(capacity, tiles * k_all)
         whole = tiles // grid * grid
         rest = tiles - whole
-        ctas = min(grid, rest * L2GEN_SK_MAX_PARTS, rest * k_all)
-        per_cta = whole // grid * k_all + (_ceil(rest * k_all, ctas) if rest else 0)
-        meets = min(rest, ctas - 1) / ctas if rest else 0.0  # tiles summed in the workspace, per CTA
+        parts = min(L2GEN_SK_MAX_PARTS, grid // rest, k_all) if rest else 1
+        per_cta = whole // grid * k_all + (_ceil(k_all, parts) if rest else 0)
+        meets = 1.0 if parts > 1 else 0.0  # tiles summed in the workspace, per CTA
         t_out = t.m * t.n * 2 / bw_sm + 0.1
         # a shared tile's sum is a chain of round trips through an L2 that every other SM is
         # streaming through, dearer than a split's (bench/results/README.md, "Stream-K in
