@@ -821,6 +821,28 @@ def test_a_persistent_kernels_ctas_take_whole_units():
     assert over > 1.5 * one
 
 
+def test_stream_k_shortens_the_last_wave_by_its_pieces():
+    """l2gen's stream-K runs the grid's whole waves of tiles whole and cuts each left-over
+    tile into as many equal K pieces as the grid holds for all of them. 4096x1280x8192 on
+    128x256 (160 tiles: 132 whole, 28 cut in 4) measured 140 us against 175 data-parallel
+    (bench/results/2026-12-08-h100-probe-skaligned-58d88f1.txt); where the left-over tiles
+    are more than half the grid (4096x3072x3072 on 128x128: 108 of 132) each stays whole and
+    stream-K is the persistent grid, within 2% of data-parallel (132 against 135)."""
+    from l2gen.ir import Decomposition
+
+    gpu = GPUS["h100"]
+
+    def times(bn, stages, shape):
+        p = assemble(Family.SM90_L2GEN, dict(bm=128, bn=bn, bk=64, stages=stages, split_k=SplitK.ATOMIC))
+        return {d: model_us(p.with_knobs(decomposition=d), shape, gpu)
+                for d in (Decomposition.DATA_PARALLEL, Decomposition.STREAM_K)}
+
+    cut = times(256, 3, Shape(4096, 1280, 8192))
+    assert cut[Decomposition.STREAM_K] < 0.85 * cut[Decomposition.DATA_PARALLEL]
+    whole = times(128, 5, Shape(4096, 3072, 3072))
+    assert abs(whole[Decomposition.STREAM_K] / whole[Decomposition.DATA_PARALLEL] - 1) < 0.05
+
+
 def test_an_epilogue_tile_is_drawn_assembled_and_dropped_where_it_means_nothing():
     """The slot reaches the program and back; sanitize drops a tile the epilogue does not
     stage (direct) or that is CUTLASS's own choice, so one kernel keeps one text and build."""
