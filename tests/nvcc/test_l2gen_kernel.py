@@ -5,7 +5,8 @@ kernel tile's width, and spills nothing; the atomic split publishes its addition
 with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction, the peek build
 (-DL2GEN_PEEK_LAST=1) reading its ticket before its last wgmma wait, the flagged ordered split
 (-DL2GEN_LL_SPLIT=1) with neither ticket nor fence, the 128x128 atomic split
-storing C by TMA from its loop with no stack; the timeline build
+storing C by TMA from its loop with no stack (and, under -DL2GEN_TMA_STORE_SPLIT=0
+-DL2GEN_SK_ALIGNED=0, the builds kept to compare, without); the timeline build
 (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
@@ -63,12 +64,13 @@ def kernels(library) -> dict[str, str]:
     return {name: "\n".join(lines) for name, lines in disassemble(library).items()}
 
 
-def kernels_built_with(name: str, flag: str | None, tmp_path, monkeypatch) -> dict[str, str]:
-    """:func:`kernels` of program ``name`` built with one more nvcc ``flag`` (a template
-    macro; None: as the library builds it), in a cache of its own so the build is this test's."""
+def kernels_built_with(name: str, flag: str | tuple[str, ...] | None, tmp_path, monkeypatch) -> dict[str, str]:
+    """:func:`kernels` of program ``name`` built with more nvcc flags (template macros; None:
+    as the library builds it), in a cache of its own so the build is this test's."""
     monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
     source = lower(program(name), H200)
-    result = build_many([source.with_flags(flag) if flag else source], jobs=2, timeout=900)[0]
+    flags = (flag,) if isinstance(flag, str) else flag or ()
+    result = build_many([source.with_flags(*flags) if flags else source], jobs=2, timeout=900)[0]
     assert result.ok, result.error
     return kernels(result.library)
 
@@ -187,6 +189,18 @@ def test_the_atomic_split_stores_c_by_tma_and_keeps_no_stack(tmp_path, monkeypat
     for name, text in code.items():
         assert not re.search(r"\b(LDL|STL)\b", text), f"{name}: local-memory traffic"
         assert (re.search(r"\bUTMASTG\b", text) is not None) == (name in looped), f"{name}: TMA stores where they should not be, or none"
+        assert re.search(r"REDG\.E\.ADD\.F32x4", text), f"{name}: the split's additions are gone"
+
+
+def test_the_builds_kept_to_compare_still_build(tmp_path, monkeypatch):
+    """-DL2GEN_TMA_STORE_SPLIT=0 (the atomic split's loop stages its tile for the threads'
+    stores: no TMA store) and -DL2GEN_SK_ALIGNED=0 (stream-K's runs laid end to end), built
+    together: what bench/probe.py --define compares the defaults against."""
+    code = kernels_built_with("kn_128_atomic_s5", ("-DL2GEN_TMA_STORE_SPLIT=0", "-DL2GEN_SK_ALIGNED=0"),
+                              tmp_path, monkeypatch)
+    assert len(code) == 2, list(code)
+    for name, text in code.items():
+        assert not re.search(r"\bUTMASTG\b", text), f"{name}: a TMA store under L2GEN_TMA_STORE_SPLIT=0"
         assert re.search(r"REDG\.E\.ADD\.F32x4", text), f"{name}: the split's additions are gone"
 
 
