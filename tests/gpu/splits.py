@@ -1,11 +1,23 @@
 """Helpers of the GPU tests of split-K kernels (l2gen's sm90a kernel, the sm80 family): a zeroed
 workspace grown on demand and checked for being left zeroed, a program verified under knob
-settings on shapes through one such workspace, operands for many calls on one workspace, and
-the nodes one captured call makes in a CUDA graph."""
+settings on shapes through one such workspace, operands for many calls on one workspace, the
+nodes one captured call makes in a CUDA graph, and the template macros the tests of l2gen's
+kernel build with (``L2GEN_TEST_DEFINES``)."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+
+def defines_from_env() -> tuple[str, ...]:
+    """The nvcc flags of ``L2GEN_TEST_DEFINES="MACRO=V ..."`` (A=1+B=1 defines both): the
+    template macros l2gen's own programs are built with in the GPU tests, to check a build
+    kept to compare, or one before it becomes the default."""
+    from l2gen.lower import define_flags
+
+    return tuple(f for spec in os.environ.get("L2GEN_TEST_DEFINES", "").split() for f in define_flags(spec))
 
 
 class Workspace:

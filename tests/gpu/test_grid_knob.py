@@ -14,14 +14,13 @@ Needs nvcc, CUTLASS headers, torch and an sm90 GPU; skips cleanly without them.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from l2gen.ir import BLayout, Decomposition, Family, Knobs  # noqa: E402
 from l2gen.parse import parse  # noqa: E402
+from tests.gpu.splits import defines_from_env  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,11 +60,11 @@ def libraries(gpu):
     if gpu.sm < 90:
         pytest.skip("the knob grid is an sm90a one")
     from l2gen.build import build_many
-    from l2gen.lower import build_program, define_flags, lower
+    from l2gen.lower import build_program, lower
     from l2gen.runtime import Library
 
     programs = {name: parse(f"kernel {name} {{ {body} }}") for name, body in PROGRAMS.items()}
-    defines = tuple(f for spec in os.environ.get("L2GEN_TEST_DEFINES", "").split() for f in define_flags(spec))
+    defines = defines_from_env()
     sources = [lower(build_program(p), gpu) for p in programs.values()]
     sources = [s.with_flags(*defines) if defines and p.family is Family.SM90_L2GEN else s
                for p, s in zip(programs.values(), sources)]

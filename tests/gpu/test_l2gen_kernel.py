@@ -13,14 +13,13 @@ program with those template macros (a knob measured before it becomes the defaul
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
 import pytest
 
 from l2gen.runtime import device_count
-from tests.gpu.splits import Workspace, call_relerr, graph_node_kinds, kn_problems, verify_program
+from tests.gpu.splits import Workspace, call_relerr, defines_from_env, graph_node_kinds, kn_problems, verify_program
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(device_count() == 0, reason="no CUDA device")]
 
@@ -83,12 +82,12 @@ def _program(name):
 @pytest.fixture(scope="module")
 def libs():
     from l2gen.build import build_many
-    from l2gen.lower import define_flags, lower
+    from l2gen.lower import lower
     from l2gen.runtime import Library
     from l2gen.targets import GPUS
 
     programs = {name: _program(name) for name in PROGRAMS}
-    defines = tuple(f for spec in os.environ.get("L2GEN_TEST_DEFINES", "").split() for f in define_flags(spec))
+    defines = defines_from_env()
     results = build_many([lower(p, GPUS["h200"]).with_flags(*defines) for p in programs.values()])
     failed = [f"{r.source.program.name}: {r.error}" for r in results if not r.ok]
     assert not failed, failed
