@@ -2,9 +2,7 @@
 B layouts, the cluster split, cache hints, a K x N tile of narrower swizzle atoms, a wgmma width outside CuTe's base set and a
 256-row kernel tile builds, and (where cuobjdump is found, through l2gen.sass) its machine code issues exactly one wgmma shape, the
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
-with plain stores, the bulk-reduction build (-DL2GEN_BULK_RED=1) with one bulk reduction, the peek build
-(-DL2GEN_PEEK_LAST=1) reading its ticket before its last wgmma wait, the flagged ordered split
-(-DL2GEN_LL_SPLIT=1) with neither ticket nor fence, the 128x128 atomic split
+with plain stores, the 128x128 atomic split
 storing C by TMA from its loop with no stack (and, under -DL2GEN_TMA_STORE_SPLIT=0
 -DL2GEN_SK_ALIGNED=0, the builds kept to compare, without); the timeline build
 (bench/timeline.py) is a library of its own."""
@@ -148,35 +146,6 @@ def test_atomic_split_publishes_without_a_full_fence(built):
         assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
 
 
-def test_the_bulk_reduction_build_adds_its_partial_in_one_instruction(tmp_path, monkeypatch):
-    """Under -DL2GEN_BULK_RED=1 the one-unit kernel of an atomic split adds its partial into
-    the workspace by one bulk reduction (UBLKRED) and no per-thread vector reductions, its
-    ticket still one atomic; the persistent kernel, whose pipeline is never drained, keeps
-    the reductions. A library of its own beside the plain build."""
-    code = kernels_built_with("swap_nk_bk256", "-DL2GEN_BULK_RED=1", tmp_path, monkeypatch)
-    one_unit = [name for name in code if "ILb0E" in name]  # gemm_kernel<false>, mangled
-    looped = [name for name in code if name not in one_unit]
-    assert one_unit and looped, list(code)
-    for name in one_unit:
-        assert len(re.findall(r"\bUBLKRED\b", code[name])) == 1, f"{name}: not one bulk reduction"
-        assert not re.search(r"REDG\.E\.ADD\.F32x4", code[name]), f"{name}: per-thread reductions left"
-        assert len(re.findall(r"\bATOMG\.E\.ADD", code[name])) == 1, f"{name}: the ticket is one atomic"
-    for name in looped:
-        assert re.search(r"REDG\.E\.ADD\.F32x4", code[name]) and "UBLKRED" not in code[name], name
-
-
-def test_the_peek_build_reads_the_ticket_while_the_last_wgmmas_run(tmp_path, monkeypatch):
-    """Under -DL2GEN_PEEK_LAST=1 each kernel of an atomic split reads its tile's ticket (a
-    relaxed, strong load) before it waits for its last wgmmas, so the read's latency hides
-    behind them; the ticket is still one atomic, taken where the peek finds other splits
-    still running."""
-    for name, code in kernels_built_with("swap_nk_bk256", "-DL2GEN_PEEK_LAST=1", tmp_path, monkeypatch).items():
-        tail = code[code.rindex("WARPGROUP.DEPBAR.LE gsb0, 0x1"):]
-        peek, wait = tail.find("LDG.E.STRONG.GPU"), tail.find("WARPGROUP.DEPBAR.LE gsb0, 0x0")
-        assert 0 <= peek < wait, f"{name}: the ticket is not read before the last wgmma wait"
-        assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
-
-
 def test_the_atomic_split_stores_c_by_tma_and_keeps_no_stack(tmp_path, monkeypatch):
     """The persistent loop of a 128x128 atomic split stores C by TMA (a tile written whole,
     or the sum its last split read back), as the split-free builds do, and touches no local
@@ -214,17 +183,6 @@ def test_ordered_split_stores_its_partials_and_takes_one_ticket(built):
         assert re.search(r"STG\.E\.128\.STRONG\.GPU", code), f"{name}: no L2 stores of the partial tile"
         assert not re.search(r"MEMBAR\.SC", code), f"{name}: a sequentially consistent fence on the reduction's path"
         assert len(re.findall(r"\bATOMG\.E\.ADD", code)) == 1, f"{name}: the ticket is one atomic"
-
-
-def test_the_flagged_ordered_split_takes_no_ticket_and_no_fence(tmp_path, monkeypatch):
-    """Under -DL2GEN_LL_SPLIT=1 the ordered split stores each partial value beside its ready
-    flag in one 64-bit strong store and the writing split polls those words with 64-bit
-    strong loads: no ticket atomic, no fence on the reduction's path."""
-    for name, code in kernels_built_with("swap_nk_m16_ordered", "-DL2GEN_LL_SPLIT=1", tmp_path, monkeypatch).items():
-        assert re.search(r"STG\.E\.64\.STRONG\.GPU", code), f"{name}: no 64-bit flagged stores"
-        assert re.search(r"LDG\.E\.64\.STRONG\.GPU", code), f"{name}: no 64-bit flagged loads"
-        assert not re.search(r"\bATOMG\b|\bREDG\b", code), f"{name}: an atomic in the flagged split"
-        assert not re.search(r"MEMBAR", code), f"{name}: a fence on the reduction's path"
 
 
 @pytest.mark.parametrize("name", ["swap_nk_m16_ordered", "swap_nk_bk256"])
