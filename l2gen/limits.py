@@ -63,6 +63,20 @@ L2GEN_DECOMPOSITIONS = (Decomposition.HEURISTIC, Decomposition.DATA_PARALLEL, De
 L2GEN_SK_MAX_PARTS = 8
 
 
+def stream_k_plan(tiles: int, kt: int, grid: int) -> tuple[int, int, int]:
+    """Stream-K's split of ``tiles`` tiles of ``kt`` K tiles over a grid of ``grid`` CTAs,
+    as the kernel makes it (``stream_k_plan`` in templates/stream_k.cuh.j2, its default
+    build): (the tiles run whole, whole waves of the grid; the CTAs that take a piece of the
+    rest; the equal K pieces each left-over tile is cut into, 0 when none is left over).
+    tests/unit/test_stream_k_schedule.py holds the two to the same answers."""
+    whole = tiles // grid * grid
+    rest = tiles - whole
+    if rest == 0:
+        return whole, 0, 0
+    parts = min(grid // rest, L2GEN_SK_MAX_PARTS, kt)
+    return whole, rest * parts, parts
+
+
 def sm80_smem_bytes(cfg: Sm80Config) -> int:
     """Dynamic shared memory of an sm80 kernel: the pipeline, or the epilogue tile if larger
     (the epilogue reuses the pipeline's buffer; its rows are padded by 8 halves)."""

@@ -13,13 +13,13 @@ import struct
 from typing import Sequence
 
 from ..limits import (
-    L2GEN_SK_MAX_PARTS,
     l2gen_operands,
     l2gen_persistent,
     l2gen_persistent_smem_bytes,
     l2gen_smem_bytes,
     sm80_smem_bytes,
     sm90_stages_and_smem,
+    stream_k_plan,
 )
 from ..ir import (
     BLayout,
@@ -341,10 +341,8 @@ def _sm90_l2gen_us(program: Program, cfg: Sm90L2genConfig, shape: Shape, gpu: Gp
         tiles = tiles_m * tiles_n
         k_all = _ceil(shape.k, t.k)
         grid = min(capacity, tiles * k_all)
-        whole = tiles // grid * grid
-        rest = tiles - whole
-        parts = min(L2GEN_SK_MAX_PARTS, grid // rest, k_all) if rest else 1
-        per_cta = whole // grid * k_all + (_ceil(k_all, parts) if rest else 0)
+        whole, _, parts = stream_k_plan(tiles, k_all, grid)
+        per_cta = whole // grid * k_all + (_ceil(k_all, parts) if parts else 0)
         meets = 1.0 if parts > 1 else 0.0  # tiles summed in the workspace, per CTA
         t_out = t.m * t.n * 2 / bw_sm + 0.1
         # a shared tile's sum is a chain of round trips through an L2 that every other SM is
