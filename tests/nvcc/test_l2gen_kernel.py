@@ -4,7 +4,7 @@ B layouts, the cluster split, cache hints, a K x N tile of narrower swizzle atom
 kernel tile's width, and spills nothing; the atomic split publishes its additions without a full fence, the ordered split
 with plain stores, the 128x128 atomic split
 storing C by TMA from its loop with no stack (and, under -DL2GEN_TMA_STORE_SPLIT=0
--DL2GEN_SK_ALIGNED=0 -DL2GEN_SK_PIECES_LAST=1, the builds kept to compare, without); the timeline build
+-DL2GEN_SK_ALIGNED=0 -DL2GEN_SK_PIECES_LAST=1 -DL2GEN_SK_SPREAD=1, the builds kept to compare, without); the timeline build
 (bench/timeline.py) is a library of its own."""
 
 from __future__ import annotations
@@ -163,11 +163,13 @@ def test_the_atomic_split_stores_c_by_tma_and_keeps_no_stack(tmp_path, monkeypat
 
 def test_the_builds_kept_to_compare_still_build(tmp_path, monkeypatch):
     """-DL2GEN_TMA_STORE_SPLIT=0 (the atomic split's loop stages its tile for the threads'
-    stores: no TMA store), -DL2GEN_SK_ALIGNED=0 (stream-K's runs laid end to end) and
-    -DL2GEN_SK_PIECES_LAST=1 (a CTA's whole tiles before its shares of the rest), built
+    stores: no TMA store), -DL2GEN_SK_ALIGNED=0 (stream-K's runs laid end to end),
+    -DL2GEN_SK_PIECES_LAST=1 (a CTA's whole tiles before its shares of the rest) and
+    -DL2GEN_SK_SPREAD=1 (left-over tiles cut in more pieces than the grid holds), built
     together: what bench/probe.py --define compares the defaults against."""
     code = kernels_built_with("kn_128_atomic_s5",
-                              ("-DL2GEN_TMA_STORE_SPLIT=0", "-DL2GEN_SK_ALIGNED=0", "-DL2GEN_SK_PIECES_LAST=1"),
+                              ("-DL2GEN_TMA_STORE_SPLIT=0", "-DL2GEN_SK_ALIGNED=0", "-DL2GEN_SK_PIECES_LAST=1",
+                               "-DL2GEN_SK_SPREAD=1"),
                               tmp_path, monkeypatch)
     assert len(code) == 2, list(code)
     for name, text in code.items():

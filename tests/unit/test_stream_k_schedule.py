@@ -28,6 +28,9 @@ HARNESS = r"""
 #include <cstdio>
 #include <vector>
 #include "stream_k.cuh"
+#ifndef RED
+#define RED 10
+#endif
 
 static int failures = 0;
 #define EXPECT(cond, ...)                                                  \
@@ -47,7 +50,7 @@ static int failures = 0;
 static void play(long long tiles, int kt, int resident) {
   const long long iters = tiles * kt;
   const int sk_grid = static_cast<int>(iters < resident ? iters : resident);
-  const StreamKPlan s = stream_k_plan(tiles, kt, sk_grid);
+  const StreamKPlan s = stream_k_plan(tiles, kt, sk_grid, RED);
   const int grid = s.dp_tiles > 0 ? sk_grid : s.ctas;
   std::printf("plan %lld %d %d %d %d %d\n", tiles, kt, sk_grid, s.dp_tiles, s.ctas, s.q);
   EXPECT(s.dp_tiles % sk_grid == 0 && s.dp_tiles <= tiles && tiles - s.dp_tiles < sk_grid,
@@ -59,12 +62,10 @@ static void play(long long tiles, int kt, int resident) {
   std::vector<int> whole(s.dp_tiles, 0), slot_of(sk_grid, -1);
   for (int g = 0; g < grid; ++g) {
     const int units = stream_k_units(s, g);
-    EXPECT(units >= 0 && units <= (g < s.ctas ? rest : 0), "CTA %d: %d units", g, units);
-    int last_t = -1;
+    EXPECT(units >= 0 && units <= (g < s.ctas ? rest * L2GEN_SK_MAX_PARTS : 0), "CTA %d: %d units", g, units);
     for (int i = 0; i < units; ++i) {
       const StreamKUnit u = stream_k_unit(s, g, i, units);
-      EXPECT(u.t >= 0 && u.t < rest && u.t != last_t, "CTA %d unit %d: tile %d", g, i, u.t);
-      last_t = u.t;
+      EXPECT(u.t >= 0 && u.t < rest, "CTA %d unit %d: tile %d", g, i, u.t);
       EXPECT(u.n_k >= 1 && u.kt_begin >= 0 && u.kt_begin + u.n_k <= kt, "CTA %d: K tiles [%d, +%d)", g,
              u.kt_begin, u.n_k);
       for (int k = u.kt_begin; k < u.kt_begin + u.n_k; ++k) ++taken[u.t * kt + k];
@@ -143,3 +144,16 @@ def test_runs_laid_end_to_end_take_every_k_tile_once(header):
 
 def test_a_smaller_piece_cap_still_takes_every_k_tile_once(header):
     _play(header, "-DL2GEN_SK_MAX_PARTS=3")
+
+
+@pytest.mark.parametrize("red", [0, 10, 1000])
+def test_pieces_spread_over_several_rounds_take_every_k_tile_once(header, red):
+    """-DL2GEN_SK_SPREAD=1: more pieces than the grid holds, dealt round-robin K offset first;
+    the plan weighs each piece's sum at `red` K tiles (0: cut as finely as allowed; 1000:
+    never cut)."""
+    plans = _play(header, "-DL2GEN_SK_SPREAD=1", f"-DRED={red}")
+    rounds = [(tiles - dp) * pieces / ctas for tiles, kt, grid, dp, ctas, pieces in plans if ctas]
+    if red == 1000:
+        assert all(pieces <= 1 for *_, pieces in plans)
+    else:  # some launches give a CTA pieces of several left-over tiles
+        assert max(rounds) > 1
