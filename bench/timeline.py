@@ -20,7 +20,9 @@ microseconds (the median launch of ``--reps``); then the mainloop's clock (%cloc
 cores peak at 4096 dense fp16 FLOP a cycle per SM), and the median over blocks of the two
 waits as shares of the mainloop; with a split of K, the median of each part of the reduction
 (its own partial and ticket, the read-back of the sum) for the blocks that write their tile
-and for those that leave it to another split.
+and for those that leave it to another split. A persistent launch's blocks also stamp the
+end of every unit's mainloop and their consumers' exit: grouped by how many units they ran,
+the median of each (where a later unit runs slower than the first, or a group ends late).
 
     python bench/timeline.py PROGRAM.l2 [...] --shape 1024x256x4096 --splits 1,2,4,8
     python bench/timeline.py PROGRAM.l2 --shape ... --json out.json   # every block, every rep
@@ -68,6 +70,7 @@ REDUCE_PARTS = (
 WAITS = ("full_wait", "empty_wait")  # cycles of the first unit's mainloop: data late, math late
 SLOTS = 2 * len(POINTS) + 2 + len(WAITS)
 MAX_BLOCKS = 4096  # kTraceBlocks in templates/sm90_l2gen_gemm.cu.j2
+UNIT_SLOTS = 32  # kTraceUnits + 1: each unit's mainloop end, then the consumers' exit
 
 
 def traced_library(program, flags: tuple[str, ...] = ()):
@@ -76,7 +79,7 @@ def traced_library(program, flags: tuple[str, ...] = ()):
     return source.with_flags("-DL2GEN_TRACE", *flags)
 
 
-def blocks_of(raw, n: int) -> list[dict]:
+def blocks_of(raw, n: int, units_raw=None) -> list[dict]:
     out = []
     for b in range(n):
         row = raw[b * SLOTS:(b + 1) * SLOTS]
@@ -85,7 +88,32 @@ def blocks_of(raw, n: int) -> list[dict]:
         ns = {p: row[i] for i, p in enumerate(POINTS) if row[i]}
         cycles = {p: row[len(POINTS) + i] for i, p in enumerate(POINTS) if row[len(POINTS) + i]}
         waits = {w: row[2 * len(POINTS) + 2 + i] for i, w in enumerate(WAITS)}
-        out.append({"block": b, "sm": int(row[2 * len(POINTS)]), "ns": ns, "cycles": cycles, "waits": waits})
+        block = {"block": b, "sm": int(row[2 * len(POINTS)]), "ns": ns, "cycles": cycles, "waits": waits}
+        if units_raw is not None:  # each unit's mainloop end (ns), the consumers' exit
+            u = units_raw[b * UNIT_SLOTS:(b + 1) * UNIT_SLOTS]
+            block["unit_ns"] = [t for t in u[:UNIT_SLOTS - 1] if t]
+            block["exit_ns"] = u[UNIT_SLOTS - 1]
+        out.append(block)
+    return out
+
+
+def unit_paces(blocks: list[dict]) -> list[dict]:
+    """A persistent launch's blocks grouped by how many units they ran (as traced, at most
+    UNIT_SLOTS - 1): how many blocks, and the median over them of when each unit's mainloop
+    ended and when the consumers left, in us after the launch's first block entered."""
+    if not blocks or "unit_ns" not in blocks[0]:
+        return []
+    t0 = min(b["ns"]["entry"] for b in blocks)
+    groups: dict[int, list[dict]] = {}
+    for b in blocks:
+        groups.setdefault(len(b["unit_ns"]), []).append(b)
+    out = []
+    for count, group in sorted(groups.items(), reverse=True):
+        ends = [statistics.median((b["unit_ns"][i] - t0) / 1e3 for b in group) for i in range(count)]
+        exits = [(b["exit_ns"] - t0) / 1e3 for b in group if b["exit_ns"]]
+        out.append({"units": count, "blocks": len(group), "ends_us": ends,
+                    "exit_us": statistics.median(exits) if exits else None,
+                    "last_exit_us": max(exits) if exits else None})
     return out
 
 
@@ -204,6 +232,8 @@ def main() -> int:
         dll = lib._dll
         get = getattr(dll, f"{result.source.entry}_trace")
         get.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        get_units = getattr(dll, f"{result.source.entry}_trace_units")
+        get_units.argtypes = [ctypes.c_void_p, ctypes.c_int]
         reset = getattr(dll, f"{result.source.entry}_trace_reset")
         nk = program.b_layout.value == "nk"
         decompositions = [Decomposition(x) for x in args.decompositions.split(",") if x] or [None]
@@ -241,10 +271,12 @@ def main() -> int:
                     raise RuntimeError("trace reset failed")
                 lived, mark0, mark1 = life(launch)
                 raw = (ctypes.c_ulonglong * (SLOTS * MAX_BLOCKS))()
-                if get(raw, MAX_BLOCKS) != 0:
+                units_raw = (ctypes.c_ulonglong * (UNIT_SLOTS * MAX_BLOCKS))()
+                if get(raw, MAX_BLOCKS) != 0 or get_units(units_raw, MAX_BLOCKS) != 0:
                     raise RuntimeError("trace read failed")
-                blocks = blocks_of(raw, MAX_BLOCKS)
+                blocks = blocks_of(raw, MAX_BLOCKS, units_raw)
                 summary = phases(blocks)
+                summary["units"] = unit_paces(blocks)
                 summary["life_us"] = lived
                 # Life outside the blocks: marker to first entry (launch), last stamp to marker (drain).
                 summary["lead_us"] = (summary["t0_ns"] - mark0) / 1e3
@@ -268,6 +300,13 @@ def main() -> int:
                       f"{2 * tm * tn * tk / per_tile:.0f} FLOP a cycle; of its cycles, the math waited "
                       f"{100 * waited.get('full_wait', 0):.0f}% for data, the loads "
                       f"{100 * waited.get('empty_wait', 0):.0f}% for free stages")
+            for g in summary["units"]:
+                if g["units"] < 2 and len(summary["units"]) == 1:
+                    break  # one unit a block: the phases above say it all
+                exit_us = f"{g['exit_us']:.1f} (last {g['last_exit_us']:.1f})" if g["exit_us"] is not None else "-"
+                print(f"{'':40s} {g['blocks']} blocks of {g['units']} units: mainloops end at "
+                      + ", ".join(f"{e:.1f}" for e in g["ends_us"]) + f"; consumers leave at {exit_us} "
+                      "(us after the first entry, medians)")
             parts = summary["reduce_parts"]
             if parts:
                 print(f"{'':40s} reduction (median us): " + "; ".join(

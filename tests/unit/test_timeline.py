@@ -63,3 +63,23 @@ def test_a_split_reduction_is_read_in_two_parts_for_writers_and_leavers():
     unsplit = row(10_000, 0, 10_000, 0, 0, sm=1)
     unsplit[at("ticketed")] = 0
     assert timeline.phases(timeline.blocks_of(unsplit, 1))["reduce_parts"] == {}
+
+
+def test_unit_paces_group_blocks_by_their_units_and_time_them_from_the_first_entry():
+    """A persistent launch: two blocks ran three units, one ran two; each group's median
+    mainloop end of every unit and consumers' exit, in us after the first block entered."""
+    rows = [row(10_000, 0, 10_000, 0, 0, sm=0), row(11_000, 0, 10_000, 0, 0, sm=1), row(12_000, 0, 10_000, 0, 0, sm=2)]
+    raw = [v for r in rows for v in r]
+
+    def units(ends, exit_ns):
+        return ends + [0] * (timeline.UNIT_SLOTS - 1 - len(ends)) + [exit_ns]
+
+    units_raw = (units([20_000, 40_000, 60_000], 61_000) + units([22_000, 44_000, 66_000], 67_000)
+                 + units([30_000, 50_000], 52_000))
+    blocks = timeline.blocks_of(raw, 3, units_raw)
+    paces = timeline.unit_paces(blocks)
+    assert [(g["units"], g["blocks"]) for g in paces] == [(3, 2), (2, 1)]
+    assert paces[0]["ends_us"] == [11.0, 32.0, 53.0]  # medians of (20, 22), (40, 44), (60, 66) us less 10
+    assert paces[0]["exit_us"] == 54.0 and paces[0]["last_exit_us"] == 57.0
+    assert paces[1]["ends_us"] == [20.0, 40.0] and paces[1]["exit_us"] == 42.0
+    assert timeline.unit_paces(timeline.blocks_of(raw, 3)) == []  # a trace without the unit stamps
