@@ -234,7 +234,8 @@ def test_every_kernel_waits_for_the_grid_before_it_and_lets_the_next_one_start(b
 
 
 def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
-    """bench/timeline.py's build (-DL2GEN_TRACE) exports the trace and marker entries and
+    """bench/timeline.py's build (-DL2GEN_TRACE) exports the trace (its first unit's points and
+    every unit's end) and marker entries and
     reads %globaltimer; the plain build of the same program exports neither and reads no
     timer, under another cache key."""
     monkeypatch.setenv("L2GEN_CACHE_DIR", str(tmp_path))
@@ -252,7 +253,7 @@ def test_the_timeline_build_is_its_own_library(tmp_path, monkeypatch):
         return {line.split()[-1] for line in out.splitlines() if line.strip()}
 
     entry = plain.entry
-    extra = {f"{entry}_trace", f"{entry}_trace_reset", f"{entry}_mark", f"{entry}_marks"}
+    extra = {f"{entry}_trace", f"{entry}_trace_units", f"{entry}_trace_reset", f"{entry}_mark", f"{entry}_marks"}
     assert extra <= exports(results[1].library)
     assert not extra & exports(results[0].library)
     plain_code, traced_code = (sass(r.library) for r in results)
